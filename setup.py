@@ -1,0 +1,25 @@
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+here = Path(__file__).parent
+requirements = [
+    line.split("#")[0].strip()
+    for line in (here / "requirements.txt").read_text().splitlines()
+    if line.split("#")[0].strip()
+]
+
+setup(
+    name="swarm-gdrive",
+    version="0.1.0",
+    description="Decentralized RL post-training (GRPO + SAPO) of small language models over a shared folder",
+    long_description=(here / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["swarm_gdrive", "swarm_gdrive.*"]),
+    python_requires=">=3.10",
+    install_requires=requirements,
+    extras_require={
+        "test": ["pytest>=8", "ruff>=0.6"],
+    },
+    entry_points={"console_scripts": ["swarm-gdrive=swarm_gdrive.cli:main"]},
+)

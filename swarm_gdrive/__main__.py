@@ -1,0 +1,3 @@
+from swarm_gdrive.cli import main
+
+main()

@@ -1,0 +1,124 @@
+"""The ``swarm-gdrive`` command: ``run`` one node, ``demo`` a small local swarm, ``env`` the variables."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from swarm_gdrive.config import env_fields
+from swarm_gdrive.exchange import Exchange
+from swarm_gdrive.layout import Layout
+from swarm_gdrive.procs import NodeProcess, stop_all
+from swarm_gdrive.storage import LocalStorage
+
+
+def _cmd_run(_args: argparse.Namespace) -> int:
+    from swarm_gdrive.launcher import run_node
+
+    return run_node()
+
+
+def _cmd_env(_args: argparse.Namespace) -> int:
+    for f in env_fields():
+        default = "(required)" if f.metadata["env"] == "GDRIVE_PATH" else repr(f.default)
+        print(f"{f.metadata['env']:<28} default {default}\n    {f.metadata['help']}")
+    return 0
+
+
+def demo_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
+    """The environment shared by the demo's nodes."""
+    return {
+        "GDRIVE_PATH": folder,
+        "EXPERIMENT_NAME": args.experiment,
+        "MAX_ROUNDS": str(args.rounds),
+        "NUM_TRANSPLANT_TREES": str(args.transplants),
+        "NUM_TRAIN_SAMPLES": "4",
+        "NUM_GENERATIONS": "4",
+        "MIN_WORKERS": str(args.workers),
+        "HEARTBEAT_INTERVAL": "1",
+        "LIVENESS_TIMEOUT": "15",
+        "POLL_INTERVAL_MIN": "0.1",
+        "POLL_INTERVAL_MAX": "1",
+        "COORDINATOR_ROUND_INTERVAL": "120",
+        "ROLLOUT_WAIT_TIMEOUT": "60",
+        "SWARM_LOCAL_DIR": str(Path(folder) / ".local-nodes"),
+        "WORKLOAD": args.workload,
+    }
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    folder = args.folder or tempfile.mkdtemp(prefix="swarm-gdrive-demo-")
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    env = demo_env(folder, args)
+    print(
+        f"demo: coordinator + {args.workers} workers, {args.rounds} rounds, J={args.transplants}, "
+        f"workload={args.workload}, folder {folder}",
+        flush=True,
+    )
+    sink = (lambda line: print(line, flush=True)) if args.verbose else _progress_sink
+    started = time.monotonic()
+    nodes = [NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"}, sink)]
+    nodes += [
+        NodeProcess(f"worker-{i}", {**env, "NODE_ROLE": "worker", "NODE_ID": f"worker-{i}"}, sink)
+        for i in range(1, args.workers + 1)
+    ]
+    try:
+        codes = {n.name: n.wait(timeout=args.timeout) for n in nodes}
+    except KeyboardInterrupt:
+        print("demo: stopping nodes", flush=True)
+        codes = stop_all(nodes)
+    except Exception:
+        stop_all(nodes)
+        raise
+    print(f"demo: finished in {time.monotonic() - started:.1f} s; exit codes {codes}")
+    print(summary_table(folder, args.experiment))
+    print(f"the experiment folder is kept for the monitor: {Path(folder) / 'experiments' / args.experiment}")
+    return 0 if all(code == 0 for code in codes.values()) else 1
+
+
+def _progress_sink(line: str) -> None:
+    if "stage " in line and "reward" in line or "round_advanced" in line or "error" in line.lower():
+        print(line, flush=True)
+
+
+def summary_table(folder: str, experiment: str) -> str:
+    """Reward per worker per round, with external groups used, from the experiment's reward files."""
+    layout = Layout(experiment)
+    exchange = Exchange(LocalStorage(folder), layout, "summary")
+    state = exchange.read_state()
+    rounds = range(state.round if state else 0)
+    rows: dict[str, dict[int, str]] = {}
+    for round_ in rounds:
+        for stage in range(state.num_stages if state else 1):
+            for node, rec in exchange.read_rewards(round_, stage).items():
+                rows.setdefault(node, {})[round_] = f"{rec.reward:.3f} ({rec.num_external_groups} ext)"
+    header = ["node"] + [f"round {r}" for r in rounds]
+    lines = [header] + [[node] + [cells.get(r, "-") for r in rounds] for node, cells in sorted(rows.items())]
+    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swarm-gdrive", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", help="run one node; configured by environment variables (see `swarm-gdrive env`)")
+    sub.add_parser("env", help="list every environment variable with its default and meaning")
+    demo = sub.add_parser("demo", help="a coordinator and workers as local processes on a temporary folder")
+    demo.add_argument("--folder", help="shared folder to use (default: a new temporary folder)")
+    demo.add_argument("--experiment", default="demo")
+    demo.add_argument("--workers", type=int, default=2)
+    demo.add_argument("--rounds", type=int, default=3)
+    demo.add_argument("--transplants", type=int, default=1, help="J, external groups per stage")
+    demo.add_argument("--workload", default="synthetic", choices=["synthetic"])
+    demo.add_argument("--timeout", type=float, default=900.0, help="seconds before the demo gives up")
+    demo.add_argument("--verbose", action="store_true", help="show every log line of every node")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    handlers = {"run": _cmd_run, "env": _cmd_env, "demo": _cmd_demo}
+    sys.exit(handlers[args.command](args))

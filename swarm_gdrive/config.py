@@ -1,0 +1,352 @@
+"""Configuration from environment variables: the only module that reads ``os.environ``.
+
+Every field of :class:`Config` names its variable and documents itself in ``metadata``;
+:func:`from_env` parses and validates them all up front and raises :class:`ConfigError`
+with a one-line message that names the variable, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swarm_gdrive.layout import InvalidNameError, validate_name
+
+ROLES = ("coordinator", "worker")
+PUBLISH_FREQUENCIES = ("generation", "stage", "round")
+WORKLOADS = ("synthetic",)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+#: Applied by TEST_MODE to every variable of this table that is not set explicitly.
+TEST_MODE_PRESET: dict[str, str] = {
+    "MAX_ROUNDS": "3",
+    "NUM_TRAIN_SAMPLES": "4",
+    "NUM_GENERATIONS": "4",
+}
+
+#: Fields that define an experiment: a coordinator refuses to resume an experiment
+#: whose fingerprint differs. MAX_ROUNDS is left out so that a run can be extended.
+FINGERPRINT_FIELDS = (
+    "experiment_name",
+    "model_name",
+    "seed",
+    "num_train_samples",
+    "num_generations",
+    "num_transplant_trees",
+    "num_stages",
+    "workload",
+)
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class ConfigError(ValueError):
+    """A bad environment variable: the message names the variable, the value and the fix."""
+
+    def __init__(self, var: str, value: object, fix: str) -> None:
+        self.var, self.value, self.fix = var, value, fix
+        shown = "<unset>" if value is None else repr(value)
+        super().__init__(f"{var}={shown}: {fix}")
+
+
+def _env(
+    var: str, default: Any, help: str, parse: Callable[[str, str], Any] | None = None, secret: bool = False
+) -> Any:
+    meta = {"env": var, "help": help, "parse": parse, "secret": secret}
+    return field(default=default, metadata=meta, repr=not secret)
+
+
+def _parse_int(minimum: int) -> Callable[[str, str], int]:
+    def parse(var: str, raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ConfigError(var, raw, f"use a whole number >= {minimum}") from None
+        if value < minimum:
+            raise ConfigError(var, raw, f"use a whole number >= {minimum}")
+        return value
+
+    return parse
+
+
+def _parse_seconds(var: str, raw: str) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ConfigError(var, raw, "use a number of seconds > 0, for example 30 or 0.5") from None
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(var, raw, "use a number of seconds > 0, for example 30 or 0.5")
+    return value
+
+
+def _parse_bool(var: str, raw: str) -> bool:
+    text = raw.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigError(var, raw, "use true or false (also 1/0, yes/no, on/off)")
+
+
+def _parse_choice(choices: tuple[str, ...], lower: bool = True) -> Callable[[str, str], str]:
+    def parse(var: str, raw: str) -> str:
+        value = raw.strip().lower() if lower else raw.strip().upper()
+        if value not in choices:
+            raise ConfigError(var, raw, "use one of " + ", ".join(choices))
+        return value
+
+    return parse
+
+
+def _parse_name(var: str, raw: str) -> str:
+    try:
+        return validate_name(raw.strip(), what=var)
+    except InvalidNameError as err:
+        raise ConfigError(var, raw, err.fix) from None
+
+
+def _parse_text(var: str, raw: str) -> str:
+    value = raw.strip()
+    if not value:
+        raise ConfigError(var, raw, "set a non-empty value or unset the variable")
+    return value
+
+
+def _parse_optional_text(var: str, raw: str) -> str | None:
+    return raw.strip() or None
+
+
+def _parse_optional_name(var: str, raw: str) -> str | None:
+    return _parse_name(var, raw) if raw.strip() else None
+
+
+def _parse_gdrive_path(var: str, raw: str) -> str:
+    text = raw.strip()
+    if not text:
+        raise ConfigError(var, raw, "set it to the shared folder, e.g. /content/drive/MyDrive/rl-swarm")
+    path = Path(text).expanduser()
+    if not path.is_dir():
+        raise ConfigError(
+            var,
+            raw,
+            "this folder does not exist: create it, or mount Google Drive first "
+            "(in Colab: from google.colab import drive; drive.mount('/content/drive'))",
+        )
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(var, raw, "this folder is not writable by this user: fix its permissions")
+    return str(path.resolve())
+
+
+def _parse_local_dir(var: str, raw: str) -> str:
+    return str(Path(_parse_text(var, raw)).expanduser())
+
+
+@dataclass(frozen=True)
+class Config:
+    """The resolved configuration of one node. Build it with :func:`from_env`."""
+
+    gdrive_path: str = _env(
+        "GDRIVE_PATH",
+        None,
+        "Shared folder that holds experiments/ and archives/: a mounted Google Drive folder "
+        "(Colab: /content/drive/MyDrive/rl-swarm), a Drive-for-desktop folder or any POSIX path. "
+        "Required; it must exist and be writable.",
+        _parse_gdrive_path,
+    )
+    experiment_name: str = _env(
+        "EXPERIMENT_NAME",
+        "swarm-experiment",
+        "Name of the experiment folder under experiments/; letters, digits, '.', '_' and '-'.",
+        _parse_name,
+    )
+    node_role: str = _env(
+        "NODE_ROLE", "worker", "coordinator (owns the round clock, never trains) or worker.", _parse_choice(ROLES)
+    )
+    node_id: str | None = _env(
+        "NODE_ID",
+        None,
+        "Identity of this node in the swarm. Unset: a generated one, persisted in SWARM_LOCAL_DIR "
+        "so that a restarted node keeps it.",
+        _parse_optional_name,
+    )
+    model_name: str = _env("MODEL_NAME", "Gensyn/Qwen2.5-0.5B-Instruct", "Model a worker trains.", _parse_text)
+    seed: int = _env("SEED", 42, "Base seed; every random draw is seeded by (SEED, node, round).", _parse_int(0))
+    test_mode: bool = _env(
+        "TEST_MODE",
+        False,
+        "Preset for a quick check: MAX_ROUNDS=3, NUM_TRAIN_SAMPLES=4, NUM_GENERATIONS=4, each unless set explicitly.",
+        _parse_bool,
+    )
+    max_rounds: int = _env(
+        "MAX_ROUNDS", 2000, "Rounds 0..MAX_ROUNDS-1 are played, then the experiment finishes.", _parse_int(1)
+    )
+    num_train_samples: int = _env(
+        "NUM_TRAIN_SAMPLES", 8, "I: questions a worker draws and answers per stage.", _parse_int(1)
+    )
+    num_generations: int = _env(
+        "NUM_GENERATIONS", 8, "G: completions per question (the GRPO group size).", _parse_int(1)
+    )
+    num_transplant_trees: int = _env(
+        "NUM_TRANSPLANT_TREES", 0, "J: groups taken from other nodes per stage (SAPO); 0 is plain GRPO.", _parse_int(0)
+    )
+    num_stages: int = _env(
+        "NUM_STAGES", 1, "Stages per round; each stage generates, shares and trains once.", _parse_int(1)
+    )
+    min_workers: int = _env(
+        "MIN_WORKERS",
+        1,
+        "Coordinator only: round 0 opens once this many workers are live, so that a study's nodes start together.",
+        _parse_int(1),
+    )
+    coordinator_round_interval: float = _env(
+        "COORDINATOR_ROUND_INTERVAL",
+        60.0,
+        "Seconds after which the coordinator closes a round even if a live worker has not submitted.",
+        _parse_seconds,
+    )
+    rollout_publish_frequency: str = _env(
+        "ROLLOUT_PUBLISH_FREQUENCY",
+        "stage",
+        "When a worker writes its rollouts: generation (after every group), stage (once per stage, "
+        "before gathering) or round (once, at the end of the round: fewest writes, peers see them late).",
+        _parse_choice(PUBLISH_FREQUENCIES),
+    )
+    rollout_cleanup_enabled: bool = _env(
+        "ROLLOUT_CLEANUP_ENABLED", False, "Remove this node's rollouts older than the last N rounds.", _parse_bool
+    )
+    rollout_keep_last_n_rounds: int = _env(
+        "ROLLOUT_KEEP_LAST_N_ROUNDS", 10, "N: rounds of rollouts kept when cleanup is enabled.", _parse_int(1)
+    )
+    rollout_archive_old: bool = _env(
+        "ROLLOUT_ARCHIVE_OLD", False, "Move old rollouts to archives/ instead of deleting them.", _parse_bool
+    )
+    huggingface_access_token: str | None = _env(
+        "HUGGINGFACE_ACCESS_TOKEN",
+        None,
+        "Token for pushing checkpoints to the Hub; never logged, never written to the shared folder.",
+        _parse_optional_text,
+        secret=True,
+    )
+    heartbeat_interval: float = _env("HEARTBEAT_INTERVAL", 10.0, "Seconds between a node's heartbeats.", _parse_seconds)
+    liveness_timeout: float = _env(
+        "LIVENESS_TIMEOUT",
+        120.0,
+        "A node whose heartbeat has not changed for this many seconds (observer's clock) is dead. "
+        "Must exceed 2 x HEARTBEAT_INTERVAL; raise it on a mounted Drive that syncs late.",
+        _parse_seconds,
+    )
+    rollout_wait_timeout: float = _env(
+        "ROLLOUT_WAIT_TIMEOUT",
+        30.0,
+        "Longest a worker waits for other nodes' rollouts of its stage; then it goes on with what it has.",
+        _parse_seconds,
+    )
+    coordinator_wait_timeout: float = _env(
+        "COORDINATOR_WAIT_TIMEOUT",
+        3600.0,
+        "Longest a worker waits for the round state to change before it gives up (exit code 3).",
+        _parse_seconds,
+    )
+    poll_interval_min: float = _env(
+        "POLL_INTERVAL_MIN", 0.5, "First delay of a polling backoff, seconds.", _parse_seconds
+    )
+    poll_interval_max: float = _env("POLL_INTERVAL_MAX", 10.0, "Cap of a polling backoff, seconds.", _parse_seconds)
+    workload: str = _env(
+        "WORKLOAD",
+        "synthetic",
+        "What a worker does each stage. synthetic: a named stand-in (arithmetic questions, random "
+        "answers, an exact verifier, no model) for protocol tests and load benchmarks.",
+        _parse_choice(WORKLOADS),
+    )
+    synthetic_step_seconds: float = _env(
+        "SYNTHETIC_STEP_SECONDS", 0.01, "Simulated compute per synthetic stage, seconds.", _parse_seconds
+    )
+    local_dir: str = _env(
+        "SWARM_LOCAL_DIR",
+        "~/.cache/swarm-gdrive",
+        "Node-local folder (never shared) that keeps generated node identities.",
+        _parse_local_dir,
+    )
+    reset_experiment: bool = _env(
+        "RESET_EXPERIMENT",
+        False,
+        "Coordinator only: move an existing experiment with a different configuration to "
+        "archives/ and start afresh, instead of refusing.",
+        _parse_bool,
+    )
+    log_level: str = _env("LOG_LEVEL", "INFO", "Logging level.", _parse_choice(LOG_LEVELS, lower=False))
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self.node_role == "coordinator"
+
+    def fingerprint_fields(self) -> dict[str, Any]:
+        """The fields that define the experiment, as JSON-ready values."""
+        return {name: getattr(self, name) for name in FINGERPRINT_FIELDS}
+
+    def fingerprint(self) -> str:
+        """sha256 over :meth:`fingerprint_fields`, canonical JSON."""
+        blob = json.dumps(self.fingerprint_fields(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def describe(self) -> dict[str, Any]:
+        """Every field with its value, secrets shown only as set/unset (safe to log)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata["secret"]:
+                value = "<set>" if value else "<unset>"
+            out[f.metadata["env"]] = value
+        return out
+
+
+def env_fields() -> list[dataclasses.Field]:
+    """The fields of :class:`Config`, each with ``metadata['env']`` and ``metadata['help']``."""
+    return list(dataclasses.fields(Config))
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> Config:
+    """Build and validate a :class:`Config` from ``environ`` (default: ``os.environ``)."""
+    env = dict(os.environ if environ is None else environ)
+    test_mode = _parse_bool("TEST_MODE", env.get("TEST_MODE", ""))
+    if test_mode:
+        for var, value in TEST_MODE_PRESET.items():
+            env.setdefault(var, value)
+    values: dict[str, Any] = {}
+    for f in env_fields():
+        var = f.metadata["env"]
+        if var in env:
+            values[f.name] = f.metadata["parse"](var, env[var])
+        elif f.default is None and var == "GDRIVE_PATH":
+            raise ConfigError(var, None, "set it to the shared folder, e.g. /content/drive/MyDrive/rl-swarm")
+        elif f.name == "local_dir":
+            values[f.name] = _parse_local_dir(var, f.default)
+    config = Config(**values)
+    _check_relations(config)
+    return config
+
+
+def _check_relations(config: Config) -> None:
+    if config.liveness_timeout <= 2 * config.heartbeat_interval:
+        raise ConfigError(
+            "LIVENESS_TIMEOUT",
+            config.liveness_timeout,
+            f"must exceed 2 x HEARTBEAT_INTERVAL ({2 * config.heartbeat_interval:g} s)",
+        )
+    if config.poll_interval_max < config.poll_interval_min:
+        raise ConfigError(
+            "POLL_INTERVAL_MAX",
+            config.poll_interval_max,
+            f"must be >= POLL_INTERVAL_MIN ({config.poll_interval_min:g} s)",
+        )
+    if config.rollout_archive_old and not config.rollout_cleanup_enabled:
+        raise ConfigError(
+            "ROLLOUT_ARCHIVE_OLD", "true", "archiving happens during cleanup: also set ROLLOUT_CLEANUP_ENABLED=true"
+        )

@@ -1,0 +1,346 @@
+"""The round clock. :func:`decide` is pure; :class:`Coordinator` wraps it with the I/O.
+
+A round advances when every live worker has submitted its reward for the round's last
+stage, or when COORDINATOR_ROUND_INTERVAL seconds (coordinator's own clock) have passed
+since it opened. Liveness is judged on the coordinator's clock: a worker is live while
+its peer record keeps changing. The coordinator never loads a model.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from swarm_gdrive import logctx
+from swarm_gdrive.config import Config
+from swarm_gdrive.exchange import Exchange
+from swarm_gdrive.heartbeat import Heartbeat
+from swarm_gdrive.layout import Layout, parse_round_dir, parse_stage_dir
+from swarm_gdrive.metrics import NodeLog
+from swarm_gdrive.polling import Backoff, Stopped
+from swarm_gdrive.records import ExperimentRecord, StateRecord
+from swarm_gdrive.storage import Storage
+
+logger = logging.getLogger(__name__)
+
+
+class ExperimentMismatchError(RuntimeError):
+    """The folder holds an experiment with another configuration; the message says what to do."""
+
+
+class Liveness:
+    """Observer-clock liveness: a node is live while its marker changed within ``timeout`` seconds."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._seen: dict[str, tuple[Hashable, float]] = {}
+
+    def observe(self, node_id: str, marker: Hashable, now: float) -> None:
+        """Record ``marker`` (anything that changes with each heartbeat) as seen at ``now``."""
+        previous = self._seen.get(node_id)
+        if previous is None or previous[0] != marker:
+            self._seen[node_id] = (marker, now)
+
+    def forget(self, node_id: str) -> None:
+        self._seen.pop(node_id, None)
+
+    def live(self, now: float) -> frozenset[str]:
+        return frozenset(n for n, (_, changed) in self._seen.items() if now - changed < self.timeout)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the coordinator does next: ``state`` to write (None: nothing), and why."""
+
+    state: StateRecord | None
+    reason: str
+    restart_timer: bool = False
+
+
+def decide(
+    state: StateRecord,
+    live: frozenset[str],
+    submitted: frozenset[str],
+    elapsed: float,
+    interval: float,
+    min_workers: int,
+    now: float,
+) -> Decision:
+    """The next state from the current one; pure.
+
+    ``elapsed`` is how long the round has been open on the coordinator's clock; ``now`` is
+    wall time, only written into the record. A round with no live worker does not time out:
+    its timer restarts, so rounds are not burnt while nobody is there.
+    """
+    if state.status == "finished":
+        return Decision(None, "finished")
+    if state.status == "waiting":
+        if len(live) >= min_workers:
+            return Decision(_open(state, state.round, "running", live, interval, now, "start"), "start", True)
+        return Decision(None, "waiting for workers")
+    all_submitted = bool(submitted) and live <= submitted
+    if all_submitted or (elapsed >= interval and (live or submitted)):
+        reason = "all_submitted" if all_submitted else "interval"
+        if state.round + 1 >= state.max_rounds:
+            return Decision(_open(state, state.max_rounds, "finished", live, interval, now, "finished"), reason, True)
+        return Decision(_open(state, state.round + 1, "running", live, interval, now, reason), reason, True)
+    if elapsed >= interval:
+        return Decision(None, "no live worker: holding the round", True)
+    if sorted(live) != state.live_workers:
+        return Decision(
+            state.model_copy(update={"live_workers": sorted(live), "seq": state.seq + 1, "updated_at": now}),
+            "live workers changed",
+        )
+    return Decision(None, "waiting for submissions")
+
+
+def _open(
+    state: StateRecord, round_: int, status: str, live: frozenset[str], interval: float, now: float, reason: str
+) -> StateRecord:
+    return state.model_copy(
+        update={
+            "round": round_,
+            "status": status,
+            "seq": state.seq + 1,
+            "round_opened_at": now,
+            "round_deadline": now + interval,
+            "live_workers": sorted(live),
+            "advance_reason": reason,
+            "updated_at": now,
+        }
+    )
+
+
+class Coordinator:
+    """Runs the round clock of one experiment until it finishes or the node is stopped."""
+
+    def __init__(
+        self,
+        config: Config,
+        storage: Storage,
+        node_id: str,
+        stop: threading.Event,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.layout = Layout(config.experiment_name)
+        self.exchange = Exchange(storage, self.layout, node_id)
+        self.node_id = node_id
+        self.stop = stop
+        self.clock = clock
+        self.liveness = Liveness(config.liveness_timeout)
+        self.log = NodeLog(storage, self.layout, node_id)
+        self.exchange._on_reject = lambda path, reason: self.log.event(
+            "file_rejected", f"{path}: {reason}", level="warning", path=path
+        )
+
+    # -- start -----------------------------------------------------------------------------
+
+    def open_experiment(self) -> StateRecord:
+        """Create the experiment, or resume it; refuse one with another configuration."""
+        existing = self.exchange.read_experiment()
+        state_exists = bool(self.exchange.storage.list(self.layout.state_dir))
+        if existing is None and state_exists:
+            self._reset_or_refuse("its experiment.json is missing or invalid")
+            return self._create()
+        if existing is not None and existing.fingerprint != self.config.fingerprint():
+            changed = [
+                f"{k.upper()}={existing.config.get(k)!r} (now {v!r})"
+                for k, v in self.config.fingerprint_fields().items()
+                if existing.config.get(k) != v
+            ]
+            self._reset_or_refuse("it was started with " + ", ".join(changed))
+            return self._create()
+        if existing is None:
+            return self._create()
+        self.exchange.run_id = existing.run_id
+        state = self.exchange.read_state()
+        if state is None:
+            state = self._initial_state(existing.run_id)
+        elif state.status == "finished" and state.round < self.config.max_rounds:
+            logger.info("extending finished experiment from %d to %d rounds", state.round, self.config.max_rounds)
+            state = state.model_copy(update={"status": "running", "round": state.round})
+        state = state.model_copy(
+            update={
+                "seq": state.seq + 1,
+                "max_rounds": self.config.max_rounds,
+                "updated_at": time.time(),
+                "coordinator_id": self.node_id,
+                "advance_reason": "resume" if state.status == "running" else state.advance_reason,
+            }
+        )
+        self.exchange.write_state(state)
+        self.log.event(
+            "coordinator_resumed",
+            f"resuming at round {state.round} ({state.status})",
+            round_=state.round,
+            status=state.status,
+        )
+        return state
+
+    def _reset_or_refuse(self, why: str) -> None:
+        if not self.config.reset_experiment:
+            raise ExperimentMismatchError(
+                f"EXPERIMENT_NAME={self.config.experiment_name!r}: the folder {self.layout.root} already holds an "
+                f"experiment, and {why}: use another EXPERIMENT_NAME, restore those values, or set "
+                "RESET_EXPERIMENT=true to move it to archives/ and start afresh"
+            )
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        target = self.layout.reset_archive_dir(stamp)
+        logger.warning("RESET_EXPERIMENT: moving %s to %s", self.layout.root, target)
+        self.exchange.storage.move(self.layout.root, target)
+
+    def _create(self) -> StateRecord:
+        run_id = secrets.token_hex(8)
+        self.exchange.run_id = run_id
+        self.exchange.write_experiment(
+            ExperimentRecord(
+                experiment=self.config.experiment_name,
+                run_id=run_id,
+                fingerprint=self.config.fingerprint(),
+                config=self.config.fingerprint_fields(),
+                coordinator_id=self.node_id,
+                created_at=time.time(),
+            )
+        )
+        state = self._initial_state(run_id)
+        self.exchange.write_state(state)
+        self.log.event("experiment_created", f"run {run_id}", round_=0, fingerprint=self.config.fingerprint())
+        return state
+
+    def _initial_state(self, run_id: str) -> StateRecord:
+        now = time.time()
+        return StateRecord(
+            experiment=self.config.experiment_name,
+            run_id=run_id,
+            round=0,
+            status="waiting",
+            seq=0,
+            max_rounds=self.config.max_rounds,
+            num_stages=self.config.num_stages,
+            round_opened_at=now,
+            round_deadline=now + self.config.coordinator_round_interval,
+            coordinator_id=self.node_id,
+            updated_at=now,
+        )
+
+    # -- loop ------------------------------------------------------------------------------
+
+    def observe(self, now: float) -> frozenset[str]:
+        """Read the peers folder and return the live workers."""
+        for node_id, seen in self.exchange.read_peers().items():
+            record = seen.record
+            if record is None or record.role != "worker" or record.status == "stopped":  # type: ignore[attr-defined]
+                self.liveness.forget(node_id)
+                continue
+            self.liveness.observe(node_id, (record.registered_at, record.heartbeat), now)  # type: ignore[attr-defined]
+        return self.liveness.live(now)
+
+    def run(self) -> int:
+        """Serve rounds until finished (0) or stopped (0)."""
+        state = self.open_experiment()
+        if state.status == "finished":
+            logger.info("experiment %s already finished after %d rounds", self.config.experiment_name, state.round)
+            return 0
+        heartbeat = Heartbeat(self.exchange, "coordinator", state.run_id, self.config.heartbeat_interval)
+        heartbeat.start()
+        try:
+            self._serve(state, heartbeat)
+        except Stopped:
+            logger.info("stopping on request")
+        finally:
+            heartbeat.stop()
+            self.log.flush()
+        return 0
+
+    def _serve(self, state: StateRecord, heartbeat: Heartbeat) -> None:
+        backoff = Backoff(self.config.poll_interval_min, self.config.poll_interval_max)
+        opened = self.clock()
+        last_seen: tuple[frozenset[str], frozenset[str]] | None = None
+        while state.status != "finished":
+            if self.stop.is_set():
+                raise Stopped()
+            now = self.clock()
+            live = self.observe(now)
+            submitted = frozenset()
+            if state.status == "running":
+                submitted = frozenset(self.exchange.read_rewards(state.round, state.num_stages - 1))
+            decision = decide(
+                state,
+                live,
+                submitted,
+                now - opened,
+                self.config.coordinator_round_interval,
+                self.config.min_workers,
+                time.time(),
+            )
+            if decision.restart_timer:
+                opened = now
+            if decision.state is not None:
+                self._publish(state, decision, live, submitted)
+                state = decision.state
+                logctx.set_round(state.round)
+                heartbeat.set_round(state.round)
+                backoff.reset()
+            if (live, submitted) != last_seen:
+                backoff.reset()
+                last_seen = (live, submitted)
+            if state.status != "finished":
+                timeout = backoff.next()
+                if state.status == "running":
+                    timeout = min(timeout, max(0.0, self.config.coordinator_round_interval - (self.clock() - opened)))
+                self.stop.wait(max(timeout, 0.01))
+
+    def _publish(self, old: StateRecord, decision: Decision, live: frozenset[str], submitted: frozenset[str]) -> None:
+        new = decision.state
+        assert new is not None
+        self.exchange.write_state(new)
+        if new.round != old.round or new.status != old.status:
+            missing = sorted(live - submitted)
+            if old.status == "waiting":
+                summary = f"round {new.round} opened with {len(live)} live workers"
+            else:
+                summary = (
+                    f"round {old.round} -> {new.round} ({decision.reason}); live {len(live)}, "
+                    f"submitted {len(submitted)}" + (f", missing {missing}" if missing else "")
+                )
+            self.log.event(
+                {"waiting": "round_opened", "running": "round_advanced"}[old.status]
+                if new.status != "finished"
+                else "experiment_finished",
+                summary,
+                round_=old.round,
+                reason=decision.reason,
+                to_round=new.round,
+                live=len(live),
+                submitted=len(submitted),
+            )
+            self.log.metric(
+                {
+                    "swarm/live_workers": len(live),
+                    "swarm/submitted": len(submitted),
+                    "swarm/advanced_on_interval": int(decision.reason == "interval"),
+                },
+                round_=old.round,
+            )
+            self.log.flush()
+            if self.config.rollout_cleanup_enabled and old.status == "running":
+                self.prune_empty_round_dirs(new.round - self.config.rollout_keep_last_n_rounds)
+
+    def prune_empty_round_dirs(self, before_round: int) -> None:
+        """Remove rollout folders of rounds older than ``before_round`` once workers emptied them."""
+        storage = self.exchange.storage
+        for round_info in storage.list(self.layout.rollouts_dir):
+            round_ = parse_round_dir(round_info.name)
+            if round_ is None or round_ >= before_round:
+                continue
+            for stage_info in storage.list(self.layout.rollouts_round_dir(round_)):
+                stage = parse_stage_dir(stage_info.name)
+                if stage is not None:
+                    storage.remove_empty_dir(self.layout.rollouts_stage_dir(round_, stage))
+            storage.remove_empty_dir(self.layout.rollouts_round_dir(round_))

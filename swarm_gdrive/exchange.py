@@ -1,0 +1,255 @@
+"""Publishing this node's files and reading the swarm's, through a Storage.
+
+Everything read is size-capped and validated (:mod:`swarm_gdrive.records`) and
+cross-checked against its path (the node id in a file name must be the node id inside,
+the run id must be this experiment's). A rejected file is logged once with its reason
+and skipped; it is never trusted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from swarm_gdrive.layout import Layout, node_id_from_filename, parse_round_dir, parse_stage_dir
+from swarm_gdrive.records import (
+    MAX_BYTES,
+    ExperimentRecord,
+    PeerRecord,
+    R,
+    RecordError,
+    RewardRecord,
+    RolloutBatch,
+    StateRecord,
+    decode,
+    encode,
+)
+from swarm_gdrive.storage import FileInfo, FileTooLargeError, Storage
+from swarm_gdrive.storage.local import is_temp_of
+
+logger = logging.getLogger(__name__)
+
+RejectHook = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class Observed:
+    """A file seen in a listing, with the record read from it (None if rejected)."""
+
+    info: FileInfo
+    record: object | None
+
+
+class Exchange:
+    """The shared-folder I/O of one node."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        layout: Layout,
+        node_id: str,
+        run_id: str | None = None,
+        on_reject: RejectHook | None = None,
+    ) -> None:
+        self.storage = storage
+        self.layout = layout
+        self.node_id = node_id
+        self.run_id = run_id
+        self._on_reject = on_reject
+        self._newest_state: StateRecord | None = None
+        self._cache: dict[str, tuple[tuple[int, float], object | None]] = {}
+        self.stats = {"reads": 0, "writes": 0, "lists": 0, "deletes": 0, "bytes_read": 0, "bytes_written": 0}
+
+    # -- generic ---------------------------------------------------------------------------
+
+    def _reject(self, path: str, reason: str) -> None:
+        logger.warning("rejected %s: %s", path, reason)
+        if self._on_reject is not None:
+            self._on_reject(path, reason)
+
+    def _write(self, path: str, record: object) -> None:
+        data = encode(record)  # type: ignore[arg-type]
+        self.storage.write_bytes(path, data)
+        self.stats["writes"] += 1
+        self.stats["bytes_written"] += len(data)
+
+    def _list(self, folder: str) -> list[FileInfo]:
+        self.stats["lists"] += 1
+        return self.storage.list(folder)
+
+    def _read(self, path: str, model: type[R]) -> R | None:
+        """Read and validate one file; None (and a logged reason) if absent or invalid."""
+        kind = model.model_fields["kind"].default
+        try:
+            data = self.storage.read_bytes(path, MAX_BYTES[kind])
+        except FileNotFoundError:
+            return None
+        except FileTooLargeError as exc:
+            self._reject(path, f"{exc.size} bytes exceeds the {exc.cap}-byte cap for a {kind} file")
+            return None
+        self.stats["reads"] += 1
+        self.stats["bytes_read"] += len(data)
+        try:
+            record = decode(data, model)
+        except RecordError as exc:
+            self._reject(path, str(exc))
+            return None
+        problem = self._cross_check(path, record)
+        if problem:
+            self._reject(path, problem)
+            return None
+        return record
+
+    def _read_cached(self, folder: str, info: FileInfo, model: type[R]) -> R | None:
+        """Read a listed file unless the same (size, mtime) was read before."""
+        path = f"{folder}/{info.name}"
+        key = (info.size, info.mtime)
+        cached = self._cache.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]  # type: ignore[return-value]
+        record = self._read(path, model)
+        self._cache[path] = (key, record)
+        return record
+
+    def _cross_check(self, path: str, record: object) -> str | None:
+        run_id = getattr(record, "run_id", None)
+        if self.run_id is not None and run_id is not None and run_id != self.run_id:
+            return f"run_id {run_id} is not this experiment's ({self.run_id})"
+        owner = getattr(record, "node_id", None)
+        if owner is not None:
+            stem = node_id_from_filename(path.rsplit("/", 1)[-1])
+            if stem != owner:
+                return f"node_id {owner!r} inside does not match the file name"
+        return None
+
+    # -- experiment and state --------------------------------------------------------------
+
+    def read_experiment(self) -> ExperimentRecord | None:
+        return self._read(self.layout.experiment_file, ExperimentRecord)
+
+    def write_experiment(self, record: ExperimentRecord) -> None:
+        self._write(self.layout.experiment_file, record)
+
+    def read_state(self) -> StateRecord | None:
+        """The newest state seen so far: an older file (a lagging sync) never wins."""
+        state = self._read(self.layout.state_file, StateRecord)
+        if state is not None and state.experiment != self.layout.experiment:
+            self._reject(self.layout.state_file, f"experiment {state.experiment!r} is not {self.layout.experiment!r}")
+            state = None
+        if state is not None and state.is_newer_than(self._newest_state):
+            self._newest_state = state
+        elif state is not None and state != self._newest_state:
+            logger.info("ignoring an older state (round %d seq %d) than one already seen", state.round, state.seq)
+        return self._newest_state
+
+    def write_state(self, record: StateRecord) -> None:
+        self._write(self.layout.state_file, record)
+        self._newest_state = record
+
+    # -- peers -----------------------------------------------------------------------------
+
+    def write_peer(self, record: PeerRecord) -> None:
+        self._write(self.layout.peer_file(record.node_id), record)
+
+    def read_peers(self) -> dict[str, Observed]:
+        """Every peer file of the folder: its listing entry and its record (re-read only when changed)."""
+        folder = self.layout.peers_dir
+        out: dict[str, Observed] = {}
+        for info in self._list(folder):
+            node_id = node_id_from_filename(info.name)
+            if info.is_dir or node_id is None:
+                continue
+            out[node_id] = Observed(info, self._read_cached(folder, info, PeerRecord))
+        return out
+
+    # -- rewards ---------------------------------------------------------------------------
+
+    def write_reward(self, record: RewardRecord) -> None:
+        self._write(self.layout.reward_file(record.round, record.stage, record.node_id), record)
+
+    def read_rewards(self, round_: int, stage: int) -> dict[str, RewardRecord]:
+        """Valid reward submissions of a stage, by node id."""
+        folder = self.layout.rewards_stage_dir(round_, stage)
+        out: dict[str, RewardRecord] = {}
+        for info in self._list(folder):
+            if info.is_dir or node_id_from_filename(info.name) is None:
+                continue
+            record = self._read_cached(folder, info, RewardRecord)
+            if record is not None and (record.round, record.stage) == (round_, stage):
+                out[record.node_id] = record
+            elif record is not None:
+                self._reject(f"{folder}/{info.name}", "round/stage inside do not match the folder")
+        return out
+
+    # -- rollouts --------------------------------------------------------------------------
+
+    def write_rollouts(self, batch: RolloutBatch) -> None:
+        self._write(self.layout.rollout_file(batch.round, batch.stage, batch.node_id), batch)
+
+    def read_rollouts(self, round_: int, stage: int, exclude_self: bool = True) -> dict[str, RolloutBatch]:
+        """Valid rollout batches of a stage by node id; a file is re-read only when it changed."""
+        folder = self.layout.rollouts_stage_dir(round_, stage)
+        out: dict[str, RolloutBatch] = {}
+        for info in self._list(folder):
+            node_id = node_id_from_filename(info.name)
+            if info.is_dir or node_id is None or (exclude_self and node_id == self.node_id):
+                continue
+            batch = self._read_cached(folder, info, RolloutBatch)
+            if batch is not None and (batch.round, batch.stage) == (round_, stage):
+                out[node_id] = batch
+            elif batch is not None:
+                self._reject(f"{folder}/{info.name}", "round/stage inside do not match the folder")
+        return out
+
+    # -- housekeeping ----------------------------------------------------------------------
+
+    def own_rollout_rounds(self) -> list[tuple[int, int]]:
+        """(round, stage) pairs for which this node has a rollout file."""
+        found: list[tuple[int, int]] = []
+        own = f"{self.node_id}.json"
+        for round_info in self._list(self.layout.rollouts_dir):
+            round_ = parse_round_dir(round_info.name)
+            if round_ is None or not round_info.is_dir:
+                continue
+            for stage_info in self._list(self.layout.rollouts_round_dir(round_)):
+                stage = parse_stage_dir(stage_info.name)
+                if stage is None or not stage_info.is_dir:
+                    continue
+                names = {i.name for i in self._list(self.layout.rollouts_stage_dir(round_, stage))}
+                if own in names:
+                    found.append((round_, stage))
+        return found
+
+    def cleanup_rollouts(self, current_round: int, keep_last: int, archive: bool) -> int:
+        """Delete (or move to archives/) this node's rollouts of rounds older than the last ``keep_last``.
+
+        Only this node's own files are touched. Returns how many files were removed.
+        """
+        oldest_kept = current_round - keep_last + 1
+        removed = 0
+        for round_, stage in self.own_rollout_rounds():
+            if round_ >= oldest_kept:
+                continue
+            path = self.layout.rollout_file(round_, stage, self.node_id)
+            if archive:
+                self.storage.move(path, self.layout.archived_rollout_file(round_, stage, self.node_id))
+            else:
+                self.storage.delete(path)
+            self.stats["deletes"] += 1
+            removed += 1
+        return removed
+
+    def remove_own_temporaries(self, own_paths: list[str]) -> int:
+        """Delete the temporary files that a killed process left beside files this node owns."""
+        removed = 0
+        by_folder: dict[str, set[str]] = {}
+        for path in own_paths:
+            folder, name = path.rsplit("/", 1)
+            by_folder.setdefault(folder, set()).add(name)
+        for folder, names in by_folder.items():
+            for info in self.storage.list(folder, include_hidden=True):
+                if any(is_temp_of(info.name, name) for name in names):
+                    self.storage.delete(f"{folder}/{info.name}")
+                    removed += 1
+        return removed

@@ -1,0 +1,104 @@
+"""A node's identity, kept on the node's own disk so that a restart without NODE_ID keeps it.
+
+Each identity is a lock file ``{SWARM_LOCAL_DIR}/{experiment}/identities/{node_id}.id``.
+A running process holds an exclusive ``flock`` on its identity; a process started without
+NODE_ID reuses the first identity of its role that no running process holds, so several
+workers on one machine get distinct identities and each restarted one gets its own back.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from swarm_gdrive.layout import validate_name
+
+logger = logging.getLogger(__name__)
+
+
+class IdentityError(RuntimeError):
+    """The requested NODE_ID is held by another running process on this machine."""
+
+
+@dataclass
+class Identity:
+    """A claimed node identity; keep the object alive for as long as the node runs."""
+
+    node_id: str
+    generated: bool
+    path: Path
+    _handle: IO[str]
+
+    def read_local(self) -> dict:
+        """The node-local record (role, last completed round)."""
+        self._handle.seek(0)
+        try:
+            return json.loads(self._handle.read() or "{}")
+        except json.JSONDecodeError:
+            return {}
+
+    def write_local(self, **values: object) -> None:
+        """Update the node-local record in place (we hold its lock)."""
+        data = self.read_local() | values
+        self._handle.seek(0)
+        self._handle.truncate()
+        self._handle.write(json.dumps(data))
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+
+    def release(self) -> None:
+        fcntl.flock(self._handle, fcntl.LOCK_UN)
+        self._handle.close()
+
+
+def _try_lock(path: Path) -> IO[str] | None:
+    handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - kept open while the node runs
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def claim_identity(local_dir: str, experiment: str, role: str, node_id: str | None) -> Identity:
+    """Claim ``node_id``, or reuse/generate one for ``role``; see the module docstring."""
+    folder = Path(local_dir) / validate_name(experiment, "EXPERIMENT_NAME") / "identities"
+    folder.mkdir(parents=True, exist_ok=True)
+    if node_id is not None:
+        path = folder / f"{validate_name(node_id, 'NODE_ID')}.id"
+        handle = _try_lock(path)
+        if handle is None:
+            raise IdentityError(
+                f"NODE_ID={node_id!r}: another running process on this machine already is this node; "
+                "stop it first or choose another NODE_ID"
+            )
+        identity = Identity(node_id, False, path, handle)
+        identity.write_local(role=role)
+        return identity
+    for path in sorted(folder.glob("*.id")):
+        handle = _try_lock(path)
+        if handle is None:
+            continue
+        identity = Identity(path.stem, True, path, handle)
+        if identity.read_local().get("role") == role:
+            logger.info("reusing node identity %s from %s", identity.node_id, path)
+            return identity
+        identity.release()
+    while True:
+        candidate = f"{role}-{secrets.token_hex(3)}"
+        path = folder / f"{candidate}.id"
+        if path.exists():
+            continue
+        handle = _try_lock(path)
+        if handle is not None:
+            identity = Identity(candidate, True, path, handle)
+            identity.write_local(role=role)
+            logger.info("generated node identity %s (kept in %s)", candidate, path)
+            return identity

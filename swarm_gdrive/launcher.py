@@ -1,0 +1,91 @@
+"""Start one node from the environment: ``python -m swarm_gdrive.launcher`` or ``swarm-gdrive run``.
+
+Exit codes: 0 finished or stopped cleanly; 2 bad input (nothing written); 3 gave up
+(no coordinator, experiment reset); 1 unexpected error.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Mapping
+
+from swarm_gdrive import logctx
+from swarm_gdrive.config import Config, ConfigError, from_env
+from swarm_gdrive.coordinator import Coordinator, ExperimentMismatchError
+from swarm_gdrive.identity import IdentityError, claim_identity
+from swarm_gdrive.storage import open_storage
+from swarm_gdrive.worker import Worker
+from swarm_gdrive.workload import SyntheticWorkload, Workload
+
+logger = logging.getLogger(__name__)
+
+EXIT_BAD_INPUT = 2
+
+
+def install_signal_handlers(stop: threading.Event) -> None:
+    """SIGTERM and the first Ctrl-C ask for a clean stop; a second Ctrl-C interrupts at once."""
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        logger.warning("received %s: finishing the current step, flushing, then stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
+def make_workload(config: Config, stop: threading.Event) -> Workload:
+    """The workload named by WORKLOAD."""
+    if config.workload == "synthetic":
+        logger.warning("WORKLOAD=synthetic: a stand-in that trains no model (protocol tests, load benchmarks)")
+        return SyntheticWorkload(config.num_train_samples, config.num_generations, config.synthetic_step_seconds, stop)
+    raise ConfigError("WORKLOAD", config.workload, "unknown workload")  # pragma: no cover - parse rejects it
+
+
+def run_node(environ: Mapping[str, str] | None = None, stop: threading.Event | None = None) -> int:
+    """Validate the environment, claim an identity and run the node's role; returns the exit code."""
+    try:
+        config = from_env(environ)
+    except ConfigError as exc:
+        print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    logctx.setup(config.log_level)
+    try:
+        identity = claim_identity(config.local_dir, config.experiment_name, config.node_role, config.node_id)
+    except IdentityError as exc:
+        print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    logctx.set_node(identity.node_id)
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        install_signal_handlers(stop)
+    logger.info("resolved configuration: %s", config.describe())
+    storage = open_storage(config.gdrive_path)
+    logger.info(
+        "node %s (%s) on %s, experiment %s",
+        identity.node_id,
+        config.node_role,
+        storage.describe(),
+        config.experiment_name,
+    )
+    try:
+        if config.is_coordinator:
+            return Coordinator(config, storage, identity.node_id, stop).run()
+        return Worker(config, storage, identity, make_workload(config, stop), stop).run()
+    except ExperimentMismatchError as exc:
+        print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    finally:
+        identity.release()
+
+
+def main() -> None:
+    sys.exit(run_node())
+
+
+if __name__ == "__main__":
+    main()

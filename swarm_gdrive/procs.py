@@ -1,0 +1,72 @@
+"""Launch and stop node processes with their output streamed live (demo, notebooks, tests)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+
+LineSink = Callable[[str], None]
+
+
+class NodeProcess:
+    """One node as a child process (``python -m swarm_gdrive.launcher``).
+
+    Its stdout and stderr are read line by line by a thread and handed to ``sink``
+    prefixed with ``name``; the pipe is never left unread, so the child never blocks on it.
+    """
+
+    def __init__(self, name: str, env: Mapping[str, str], sink: LineSink | None = None) -> None:
+        self.name = name
+        self.lines: list[str] = []
+        self._sink = sink
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", "-m", "swarm_gdrive.launcher"],
+            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
+        self._reader = threading.Thread(target=self._pump, name=f"out-{name}", daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            self.lines.append(line)
+            if self._sink is not None:
+                self._sink(f"[{self.name}] {line}")
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self.proc.wait(timeout)
+        self._reader.join(timeout=5)
+        return code
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM (a clean stop that flushes), then SIGKILL if it has not exited within ``timeout``."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.wait()
+
+    def kill(self) -> int:
+        """SIGKILL: the node dies without cleaning up, as a crashed runtime would."""
+        self.proc.kill()
+        return self.wait()
+
+
+def stop_all(processes: list[NodeProcess], timeout: float = 30.0) -> dict[str, int]:
+    """Stop every process cleanly (workers first, then the rest); returns exit codes by name."""
+    return {p.name: p.terminate(timeout) for p in processes}

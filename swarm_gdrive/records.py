@@ -1,0 +1,254 @@
+"""Typed, versioned records for every file of the protocol, validated on the way in.
+
+Every file carries ``kind`` and ``schema_version``. :func:`decode` accepts bytes from the
+shared folder only if they are within the kind's size cap, valid UTF-8 JSON, and match
+the schema exactly (unknown fields, NaN, wrong types and oversized lists are rejected).
+Nothing read from the folder is ever executed or unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+
+SCHEMA_VERSION = 1
+
+NodeId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+RunId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")]
+ShortText = Annotated[str, StringConstraints(max_length=128)]
+Round = Annotated[int, Field(ge=0, le=10**9)]
+Stage = Annotated[int, Field(ge=0, le=1000)]
+Timestamp = Annotated[float, Field(ge=0)]
+Scalar = bool | int | float | str | None
+
+#: Limits on what a peer may put in a rollout file.
+MAX_GROUPS_PER_BATCH = 512
+MAX_COMPLETIONS_PER_GROUP = 64
+MAX_COMPLETION_CHARS = 16_384
+MAX_QUESTION_CHARS = 16_384
+
+#: Size caps per kind, checked before a file is parsed.
+MAX_BYTES = {
+    "experiment": 64 * 1024,
+    "state": 1024 * 1024,
+    "peer": 16 * 1024,
+    "reward": 64 * 1024,
+    "rollouts": 32 * 1024 * 1024,
+    "metric": 64 * 1024,
+    "event": 64 * 1024,
+}
+
+
+class RecordError(ValueError):
+    """Bytes that are not a valid record of the expected kind; the message says why."""
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+
+class ExperimentRecord(_Record):
+    """experiment.json: written once by the coordinator."""
+
+    kind: Literal["experiment"] = "experiment"
+    experiment: NodeId
+    run_id: RunId
+    fingerprint: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
+    config: dict[ShortText, Scalar] = Field(max_length=64)
+    coordinator_id: NodeId
+    created_at: Timestamp
+
+
+class StateRecord(_Record):
+    """state/current_state.json: the round clock, written only by the coordinator."""
+
+    kind: Literal["state"] = "state"
+    experiment: NodeId
+    run_id: RunId
+    round: Round
+    status: Literal["waiting", "running", "finished"]
+    seq: Annotated[int, Field(ge=0)]
+    max_rounds: Annotated[int, Field(ge=1)]
+    num_stages: Annotated[int, Field(ge=1, le=1000)]
+    round_opened_at: Timestamp
+    round_deadline: Timestamp
+    live_workers: list[NodeId] = Field(default_factory=list, max_length=10_000)
+    advance_reason: Literal["start", "resume", "all_submitted", "interval", "finished"] = "start"
+    coordinator_id: NodeId
+    updated_at: Timestamp
+
+    def is_newer_than(self, other: StateRecord | None) -> bool:
+        """Monotonic order: (round, seq), finished after running."""
+        if other is None:
+            return True
+        return (self.round, self.status == "finished", self.seq) > (
+            other.round,
+            other.status == "finished",
+            other.seq,
+        )
+
+
+class PeerRecord(_Record):
+    """peers/{node_id}.json: registration and heartbeat, written by that node."""
+
+    kind: Literal["peer"] = "peer"
+    node_id: NodeId
+    role: Literal["coordinator", "worker"]
+    run_id: RunId
+    registered_at: Timestamp
+    heartbeat: Annotated[int, Field(ge=0)]
+    heartbeat_at: Timestamp
+    status: Literal["alive", "stopped"]
+    round: Round | None = None
+
+
+class RewardRecord(_Record):
+    """rewards/round_R/stage_S/{node_id}.json: a worker's submission for a stage."""
+
+    kind: Literal["reward"] = "reward"
+    node_id: NodeId
+    run_id: RunId
+    round: Round
+    stage: Stage
+    reward: float
+    num_local_groups: Annotated[int, Field(ge=0)]
+    num_external_groups: Annotated[int, Field(ge=0)]
+    external_requested: Annotated[int, Field(ge=0)]
+    submitted_at: Timestamp
+
+
+class Provenance(BaseModel):
+    """What produced a question, so that a receiver can regenerate and check it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    dataset: ShortText
+    config: dict[ShortText, Scalar | list[Scalar]] = Field(default_factory=dict, max_length=64)
+    seed: Annotated[int, Field(ge=0, le=2**63)]
+    index: Annotated[int, Field(ge=0, le=2**31)]
+
+
+class RolloutGroup(BaseModel):
+    """G completions of one question. ``rewards`` are the writer's claim: never used for scoring."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    group_id: NodeId
+    task: ShortText
+    question: Annotated[str, StringConstraints(max_length=MAX_QUESTION_CHARS)]
+    provenance: Provenance
+    completions: list[Annotated[str, StringConstraints(max_length=MAX_COMPLETION_CHARS)]] = Field(
+        min_length=1, max_length=MAX_COMPLETIONS_PER_GROUP
+    )
+    rewards: list[float] = Field(max_length=MAX_COMPLETIONS_PER_GROUP)
+
+    @model_validator(mode="after")
+    def _same_length(self) -> RolloutGroup:
+        if len(self.rewards) != len(self.completions):
+            raise ValueError("rewards and completions differ in length")
+        return self
+
+
+class RolloutBatch(_Record):
+    """rollouts/round_R/stage_S/{node_id}.json: a node's shared rollouts of a stage."""
+
+    kind: Literal["rollouts"] = "rollouts"
+    node_id: NodeId
+    run_id: RunId
+    round: Round
+    stage: Stage
+    groups: list[RolloutGroup] = Field(max_length=MAX_GROUPS_PER_BATCH)
+    complete: bool = True
+    created_at: Timestamp
+
+
+class MetricRecord(_Record):
+    """One line of logs/{node_id}/metrics.jsonl; keys are namespaced (``train/…``, ``swarm/…``)."""
+
+    kind: Literal["metric"] = "metric"
+    node_id: NodeId
+    round: Round | None = None
+    ts: Timestamp
+    values: dict[ShortText, float | int | None] = Field(max_length=256)
+
+
+class EventRecord(_Record):
+    """One line of logs/{node_id}/training_events.jsonl."""
+
+    kind: Literal["event"] = "event"
+    node_id: NodeId
+    round: Round | None = None
+    ts: Timestamp
+    event: ShortText
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    message: Annotated[str, StringConstraints(max_length=2048)] = ""
+    data: dict[ShortText, Scalar | list[Scalar]] = Field(default_factory=dict, max_length=64)
+
+
+R = TypeVar("R", bound=_Record)
+
+
+def encode(record: _Record) -> bytes:
+    """Compact UTF-8 JSON of a record."""
+    return record.model_dump_json().encode("utf-8")
+
+
+def encode_line(record: _Record) -> bytes:
+    """One JSONL line."""
+    return encode(record) + b"\n"
+
+
+def decode(data: bytes, model: type[R]) -> R:
+    """Parse and validate ``data`` as ``model``; :class:`RecordError` says why not."""
+    kind = model.model_fields["kind"].default
+    cap = MAX_BYTES[kind]
+    if len(data) > cap:
+        raise RecordError(f"{len(data)} bytes exceeds the {cap}-byte cap for a {kind} file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    try:
+        raw: Any = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise RecordError("not JSON (nested too deeply)") from None
+    if not isinstance(raw, dict):
+        raise RecordError(f"expected a JSON object, got {type(raw).__name__}")
+    if raw.get("kind") != kind:
+        raise RecordError(f"kind is {raw.get('kind')!r}, expected {kind!r}")
+    if raw.get("schema_version") != SCHEMA_VERSION:
+        raise RecordError(
+            f"schema_version {raw.get('schema_version')!r} is not supported (this version reads {SCHEMA_VERSION})"
+        )
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "<root>"
+        raise RecordError(f"schema: {where}: {first['msg']} ({exc.error_count()} error(s))") from None
+
+
+def decode_lines(data: bytes, model: type[R]) -> tuple[list[R], list[str]]:
+    """Parse a JSONL file: the valid records and a reason for each line rejected.
+
+    A partial last line (a writer mid-append) is skipped silently.
+    """
+    records: list[R] = []
+    problems: list[str] = []
+    lines = data.split(b"\n")
+    if lines and not data.endswith(b"\n"):
+        lines = lines[:-1]
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(decode(line, model))
+        except RecordError as exc:
+            problems.append(f"line {number}: {exc}")
+    return records, problems

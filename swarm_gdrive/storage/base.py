@@ -1,0 +1,94 @@
+"""The storage contract every backend satisfies, and the retry policy backends share.
+
+Paths are relative POSIX strings (``experiments/x/state/current_state.json``) built by
+:mod:`swarm_gdrive.layout`. Retries and backoff live in backends and only there.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from tenacity import (
+    Retrying,
+    before_sleep_log,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Default cap for one read; callers pass tighter caps per file kind.
+DEFAULT_MAX_READ_BYTES = 16 * 1024 * 1024
+
+
+class StorageError(OSError):
+    """A storage operation failed for good (after any retries)."""
+
+
+class FileTooLargeError(StorageError):
+    """A file is larger than the cap its reader allows; it was not read."""
+
+    def __init__(self, path: str, size: int, cap: int) -> None:
+        self.path, self.size, self.cap = path, size, cap
+        super().__init__(f"{path}: {size} bytes exceeds the {cap}-byte cap for this file")
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One entry of a listing."""
+
+    name: str
+    size: int
+    mtime: float
+    is_dir: bool
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """What the protocol needs from a shared folder."""
+
+    def read_bytes(self, path: str, max_bytes: int = DEFAULT_MAX_READ_BYTES) -> bytes:
+        """Whole file. FileNotFoundError if absent; FileTooLargeError over ``max_bytes``."""
+        ...
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Replace the file atomically: readers see the old or the new content, never a mix."""
+        ...
+
+    def append_bytes(self, path: str, data: bytes) -> None:
+        """Append to a file only this node writes (logs). Readers may see a partial last line."""
+        ...
+
+    def list(self, folder: str, include_hidden: bool = False) -> list[FileInfo]:
+        """Entries of ``folder`` (empty if it does not exist), temporary names left out."""
+        ...
+
+    def delete(self, path: str) -> None:
+        """Remove a file; absent is fine."""
+        ...
+
+    def remove_empty_dir(self, folder: str) -> bool:
+        """Remove ``folder`` only if it is empty; True if it is gone."""
+        ...
+
+    def move(self, src: str, dst: str) -> None:
+        """Move a file or folder, creating the destination's parents."""
+        ...
+
+    def describe(self) -> str:
+        """Human-readable location, for logs."""
+        ...
+
+
+def retrying(is_transient: callable, attempts: int, max_wait: float, what: str) -> Retrying:
+    """A tenacity policy: exponential backoff with jitter on transient errors only."""
+    return Retrying(
+        retry=retry_if_exception(is_transient),
+        stop=stop_after_attempt(attempts),
+        wait=wait_random_exponential(multiplier=0.2, max=max_wait),
+        before_sleep=before_sleep_log(logger, logging.WARNING),
+        reraise=True,
+    )

@@ -1,0 +1,327 @@
+"""The worker runtime: follows the round clock, runs its workload, shares and gathers rollouts.
+
+Each round: wait for the state (poll with backoff), skip to the current round if behind,
+then for each stage generate, publish (per ROLLOUT_PUBLISH_FREQUENCY), gather other nodes'
+rollouts of the stage within a bounded wait, re-score them locally, pick J (SAPO),
+train, and submit a reward. Metrics and events are buffered and flushed once a round.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from swarm_gdrive import logctx
+from swarm_gdrive.config import Config
+from swarm_gdrive.exchange import Exchange
+from swarm_gdrive.heartbeat import Heartbeat
+from swarm_gdrive.identity import Identity
+from swarm_gdrive.layout import Layout
+from swarm_gdrive.metrics import NodeLog
+from swarm_gdrive.polling import Backoff, Stopped, wait_for
+from swarm_gdrive.records import RewardRecord, RolloutBatch, RolloutGroup, StateRecord
+from swarm_gdrive.sapo import ScoredGroup, rng_for, select_external
+from swarm_gdrive.storage import Storage
+from swarm_gdrive.workload import StageContext, Workload
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_GAVE_UP = 3
+
+
+class GiveUpError(RuntimeError):
+    """The worker cannot go on (coordinator silent, experiment reset); the message says why."""
+
+
+@dataclass
+class _Gathered:
+    """Other nodes' rollouts of one stage, re-scored locally, by source node."""
+
+    batches: dict[str, RolloutBatch] = field(default_factory=dict)
+    scored: dict[str, list[ScoredGroup]] = field(default_factory=dict)
+    dropped: int = 0
+
+    def pool(self) -> list[ScoredGroup]:
+        return [g for groups in self.scored.values() for g in groups]
+
+
+class Worker:
+    """Runs rounds for one worker node until the experiment finishes or the node is stopped."""
+
+    def __init__(
+        self, config: Config, storage: Storage, identity: Identity, workload: Workload, stop: threading.Event
+    ) -> None:
+        self.config = config
+        self.node_id = identity.node_id
+        self.identity = identity
+        self.layout = Layout(config.experiment_name)
+        self.exchange = Exchange(storage, self.layout, self.node_id)
+        self.workload = workload
+        self.stop = stop
+        self.log = NodeLog(storage, self.layout, self.node_id)
+        self.exchange._on_reject = lambda path, reason: self.log.event(
+            "file_rejected", f"{path}: {reason}", level="warning", path=path
+        )
+        self.heartbeat: Heartbeat | None = None
+        self._state_backoff = Backoff(config.poll_interval_min, config.poll_interval_max)
+        self._gather_backoff = Backoff(config.poll_interval_min, min(config.poll_interval_max, 2.0))
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """0 when finished or stopped; 3 when it had to give up."""
+        try:
+            run_id = self._join()
+            self.heartbeat = Heartbeat(self.exchange, "worker", run_id, self.config.heartbeat_interval)
+            self.heartbeat.start()
+            self.log.event("worker_started", f"joined run {run_id}", run_id=run_id)
+            self._rounds()
+            return EXIT_OK
+        except Stopped:
+            self.log.event("worker_stopped", "stopped on request")
+            return EXIT_OK
+        except GiveUpError as exc:
+            self.log.event("worker_gave_up", str(exc), level="error")
+            logger.error("%s", exc)
+            return EXIT_GAVE_UP
+        finally:
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
+            self.log.flush()
+            self.workload.close()
+
+    def _join(self) -> str:
+        """Wait for the experiment to exist, learn its run id, clean up after a killed predecessor."""
+        experiment = wait_for(
+            self.exchange.read_experiment, self.stop, self.config.coordinator_wait_timeout, self._state_backoff
+        )
+        if experiment is None:
+            raise GiveUpError(
+                f"no experiment {self.config.experiment_name!r} appeared in {self.config.coordinator_wait_timeout:g} s:"
+                " start the coordinator with the same GDRIVE_PATH and EXPERIMENT_NAME"
+            )
+        self.exchange.run_id = experiment.run_id
+        mine = self.config.fingerprint_fields()
+        differing = sorted(k for k, v in mine.items() if k != "experiment_name" and experiment.config.get(k) != v)
+        if differing:
+            logger.warning(
+                "this worker's %s differ from the experiment's: %s",
+                differing,
+                {k: experiment.config.get(k) for k in differing},
+            )
+        local = self.identity.read_local()
+        if local.get("run_id") != experiment.run_id:
+            self.identity.write_local(run_id=experiment.run_id, last_round=None)
+        last = self.identity.read_local().get("last_round")
+        self._own_temp_cleanup(last)
+        return experiment.run_id
+
+    def _own_temp_cleanup(self, last_round: int | None) -> None:
+        paths = [
+            self.layout.peer_file(self.node_id),
+            self.layout.metrics_file(self.node_id),
+            self.layout.events_file(self.node_id),
+        ]
+        if last_round is not None:
+            for round_ in (last_round, last_round + 1):
+                for stage in range(self.config.num_stages):
+                    paths.append(self.layout.rollout_file(round_, stage, self.node_id))
+                    paths.append(self.layout.reward_file(round_, stage, self.node_id))
+        removed = self.exchange.remove_own_temporaries(paths)
+        if removed:
+            self.log.event("temporaries_removed", f"{removed} left by an earlier process", count=removed)
+
+    # -- rounds ----------------------------------------------------------------------------
+
+    def _next_state(self, target: int) -> StateRecord:
+        def ready() -> StateRecord | None:
+            state = self.exchange.read_state()
+            if state is None or state.status == "waiting":
+                return None
+            return state if state.status == "finished" or state.round >= target else None
+
+        state = wait_for(ready, self.stop, self.config.coordinator_wait_timeout, self._state_backoff)
+        if state is None:
+            raise GiveUpError(
+                f"the round state did not reach round {target} in {self.config.coordinator_wait_timeout:g} s:"
+                " is the coordinator running? (raise COORDINATOR_WAIT_TIMEOUT to wait longer)"
+            )
+        return state
+
+    def _rounds(self) -> None:
+        last = self.identity.read_local().get("last_round")
+        target = 0 if last is None else last + 1
+        while True:
+            state = self._next_state(target)
+            if state.run_id != self.exchange.run_id:
+                raise GiveUpError("the experiment was reset (new run id): restart this worker")
+            if state.status == "finished":
+                self.log.event("experiment_finished", f"finished after {state.round} rounds", round_=state.round)
+                return
+            if state.round > target:
+                self.log.event(
+                    "round_skipped",
+                    f"behind: skipping rounds {target}..{state.round - 1}",
+                    round_=state.round,
+                    skipped_from=target,
+                    skipped_to=state.round - 1,
+                )
+            self.run_round(state)
+            target = state.round + 1
+
+    def run_round(self, state: StateRecord) -> None:
+        """All stages of ``state.round``, then metrics, retention and the local progress mark."""
+        round_ = state.round
+        logctx.set_round(round_)
+        self.log.round = round_
+        assert self.heartbeat is not None
+        self.heartbeat.set_round(round_)
+        started = time.monotonic()
+        calls_before = dict(self.exchange.stats)
+        buffered: list[RolloutBatch] = []
+        for stage in range(state.num_stages):
+            ctx = StageContext(self.node_id, round_, stage, self.config.seed)
+            self._stage(ctx, state, buffered)
+        for batch in buffered:  # ROLLOUT_PUBLISH_FREQUENCY=round
+            self.exchange.write_rollouts(batch)
+        if self.config.rollout_cleanup_enabled:
+            removed = self.exchange.cleanup_rollouts(
+                round_, self.config.rollout_keep_last_n_rounds, self.config.rollout_archive_old
+            )
+            if removed:
+                self.log.event(
+                    "rollouts_cleaned",
+                    f"{removed} old rollout files " + ("archived" if self.config.rollout_archive_old else "deleted"),
+                    count=removed,
+                )
+        stats = {f"storage/{k}": v - calls_before[k] for k, v in self.exchange.stats.items()}
+        self.log.metric({"round/seconds": time.monotonic() - started, **stats})
+        self.log.flush()
+        self.identity.write_local(last_round=round_)
+
+    def _stage(self, ctx: StageContext, state: StateRecord, buffered: list[RolloutBatch]) -> None:
+        t0 = time.monotonic()
+        groups: list[RolloutGroup] = []
+        frequency = self.config.rollout_publish_frequency
+        for group in self.workload.generate(ctx):
+            groups.append(group)
+            if frequency == "generation":
+                self.exchange.write_rollouts(self._batch(ctx, groups, complete=False))
+            if self.stop.is_set():
+                raise Stopped()
+        batch = self._batch(ctx, groups, complete=True)
+        if frequency == "round":
+            buffered.append(batch)
+        else:
+            self.exchange.write_rollouts(batch)
+        local = [ScoredGroup(self.node_id, g, tuple(g.rewards)) for g in groups]
+        generated = time.monotonic()
+
+        j = self.config.num_transplant_trees
+        gathered = self._gather(ctx, state) if j else _Gathered()
+        selection = select_external(gathered.pool(), j, rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage))
+        if selection.shortfall:
+            self.log.event(
+                "external_shortfall",
+                f"wanted {j} external groups, got {len(selection.chosen)}",
+                level="warning",
+                requested=j,
+                used=len(selection.chosen),
+                offered=selection.offered,
+            )
+        gathered_at = time.monotonic()
+        train_metrics = self.workload.train(ctx, local, list(selection.chosen))
+        if self.stop.is_set():
+            raise Stopped()
+        local_rewards = [r for g in local for r in g.rewards]
+        reward = sum(local_rewards) / len(local_rewards) if local_rewards else 0.0
+        self.exchange.write_reward(
+            RewardRecord(
+                node_id=self.node_id,
+                run_id=state.run_id,
+                round=ctx.round,
+                stage=ctx.stage,
+                reward=reward,
+                num_local_groups=len(local),
+                num_external_groups=len(selection.chosen),
+                external_requested=j,
+                submitted_at=time.time(),
+            )
+        )
+        self.log.metric(
+            {
+                "stage": ctx.stage,
+                "reward/local_mean": reward,
+                "swarm/local_groups": len(local),
+                "swarm/external_requested": j,
+                "swarm/external_used": len(selection.chosen),
+                "swarm/external_offered": selection.offered,
+                "swarm/external_zero_variance": selection.zero_variance_dropped,
+                "swarm/external_dropped_invalid": gathered.dropped,
+                "swarm/peers_read": len(gathered.batches),
+                "time/generate_s": generated - t0,
+                "time/gather_s": gathered_at - generated,
+                "time/train_s": time.monotonic() - gathered_at,
+                **train_metrics,
+            }
+        )
+        logger.info(
+            "stage %d: reward %.3f, %d local + %d external groups from %d peers",
+            ctx.stage,
+            reward,
+            len(local),
+            len(selection.chosen),
+            len(gathered.batches),
+        )
+
+    def _batch(self, ctx: StageContext, groups: list[RolloutGroup], complete: bool) -> RolloutBatch:
+        return RolloutBatch(
+            node_id=self.node_id,
+            run_id=self.exchange.run_id or "",
+            round=ctx.round,
+            stage=ctx.stage,
+            groups=list(groups),
+            complete=complete,
+            created_at=time.time(),
+        )
+
+    def _gather(self, ctx: StageContext, state: StateRecord) -> _Gathered:
+        """Other nodes' rollouts of this stage, until every expected peer's batch is complete or time is up."""
+        expected = set(state.live_workers) - {self.node_id}
+        gathered = _Gathered()
+
+        def poll() -> bool | None:
+            for node, batch in self.exchange.read_rollouts(ctx.round, ctx.stage).items():
+                if gathered.batches.get(node) is batch:
+                    continue
+                gathered.batches[node] = batch
+                scored = []
+                for group in batch.groups:
+                    rewards = self.workload.rescore(ctx, group)
+                    if rewards is None:
+                        gathered.dropped += 1
+                        self.log.event(
+                            "group_rejected",
+                            f"{node}/{group.group_id}: provenance check failed",
+                            level="warning",
+                            source=node,
+                            group_id=group.group_id,
+                        )
+                        continue
+                    scored.append(ScoredGroup(node, group, rewards))
+                gathered.scored[node] = scored
+            complete = {n for n, b in gathered.batches.items() if b.complete}
+            return True if expected <= complete else None
+
+        if wait_for(poll, self.stop, self.config.rollout_wait_timeout, self._gather_backoff) is None:
+            missing = sorted(expected - {n for n, b in gathered.batches.items() if b.complete})
+            self.log.event(
+                "rollout_wait_expired",
+                f"went on after {self.config.rollout_wait_timeout:g} s without complete rollouts of {missing}",
+                level="warning",
+                missing=missing,
+            )
+        return gathered

@@ -1,0 +1,114 @@
+"""What a worker does each stage, behind a narrow interface, and the synthetic stand-in.
+
+The worker loop (:mod:`swarm_gdrive.worker`) owns the protocol; a :class:`Workload` owns
+generation, local re-scoring of other nodes' groups, and the update. The
+:class:`SyntheticWorkload` is a named stand-in for protocol tests and load benchmarks:
+it trains nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from swarm_gdrive.records import Provenance, RolloutGroup
+from swarm_gdrive.sapo import ScoredGroup, rng_for
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """Where in the experiment a stage runs."""
+
+    node_id: str
+    round: int
+    stage: int
+    seed: int
+
+
+class Workload(Protocol):
+    """The per-stage work of a worker."""
+
+    def generate(self, ctx: StageContext) -> Iterator[RolloutGroup]:
+        """Yield this node's groups for the stage (with the node's own rewards), one at a time."""
+        ...
+
+    def rescore(self, ctx: StageContext, group: RolloutGroup) -> tuple[float, ...] | None:
+        """Rewards of another node's group, computed here from its provenance; None to drop it."""
+        ...
+
+    def train(self, ctx: StageContext, local: list[ScoredGroup], external: list[ScoredGroup]) -> dict[str, float]:
+        """One update on the I + J groups; returns metrics (``train/…`` keys)."""
+        ...
+
+    def close(self) -> None:
+        """Release resources."""
+        ...
+
+
+SYNTHETIC_DATASET = "synthetic_sum"
+
+
+class SyntheticWorkload:
+    """A stand-in workload: sum questions, random answers, an exact verifier, no model.
+
+    Questions are regenerated from (seed, index), so re-scoring checks provenance the same
+    way the real workload does. ``train`` performs no update; it simulates compute time.
+    """
+
+    def __init__(
+        self, num_samples: int, num_generations: int, step_seconds: float, stop: threading.Event | None = None
+    ) -> None:
+        self.num_samples = num_samples
+        self.num_generations = num_generations
+        self.step_seconds = step_seconds
+        self._stop = stop or threading.Event()
+
+    @staticmethod
+    def question(seed: int, index: int) -> tuple[str, int]:
+        rng = rng_for(seed, "question", index, purpose=SYNTHETIC_DATASET)
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        return f"What is {a} + {b}?", a + b
+
+    @staticmethod
+    def score(completion: str, answer: int) -> float:
+        return 1.0 if completion.strip() == str(answer) else 0.0
+
+    def generate(self, ctx: StageContext) -> Iterator[RolloutGroup]:
+        rng = rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="synthetic-generate")
+        for i in range(self.num_samples):
+            index = rng.randrange(2**31)
+            text, answer = self.question(ctx.seed, index)
+            completions = [str(answer + rng.choice((-1, 0, 0, 1))) for _ in range(self.num_generations)]
+            yield RolloutGroup(
+                group_id=f"{ctx.node_id}-r{ctx.round}-s{ctx.stage}-{i}"[:64],
+                task=SYNTHETIC_DATASET,
+                question=text,
+                provenance=Provenance(dataset=SYNTHETIC_DATASET, seed=ctx.seed, index=index),
+                completions=completions,
+                rewards=[self.score(c, answer) for c in completions],
+            )
+
+    def rescore(self, ctx: StageContext, group: RolloutGroup) -> tuple[float, ...] | None:
+        prov = group.provenance
+        if prov.dataset != SYNTHETIC_DATASET or group.task != SYNTHETIC_DATASET:
+            return None
+        text, answer = self.question(prov.seed, prov.index)
+        if text != group.question:
+            return None
+        return tuple(self.score(c, answer) for c in group.completions)
+
+    def train(self, ctx: StageContext, local: list[ScoredGroup], external: list[ScoredGroup]) -> dict[str, float]:
+        self._stop.wait(self.step_seconds)  # simulated compute; returns early on stop
+        rewards = [r for g in local for r in g.rewards]
+        return {
+            "train/synthetic_groups": float(len(local) + len(external)),
+            "train/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+        }
+
+    def close(self) -> None:
+        pass
