@@ -1,0 +1,150 @@
+"""The `swarm-gdrive` command and the launcher as a user runs them: real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from swarm_gdrive.config import env_fields
+from swarm_gdrive.layout import Layout
+from swarm_gdrive.procs import NodeProcess
+from swarm_gdrive.records import EventRecord, PeerRecord, decode, decode_lines
+
+pytestmark = pytest.mark.integration
+
+
+def launch(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in {f.metadata["env"] for f in env_fields()}}
+    return subprocess.run([sys.executable, "-m", "swarm_gdrive.launcher", *args], env={**clean, **env},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def quick_env(folder: Path, **extra: str) -> dict[str, str]:
+    return {"GDRIVE_PATH": str(folder), "EXPERIMENT_NAME": "cli", "SWARM_LOCAL_DIR": str(folder.parent / "local"),
+            "HEARTBEAT_INTERVAL": "0.2", "LIVENESS_TIMEOUT": "5", "POLL_INTERVAL_MIN": "0.05",
+            "POLL_INTERVAL_MAX": "0.3", **extra}
+
+
+BAD_INPUTS = [
+    ({"NODE_ROLE": "boss"}, "NODE_ROLE='boss'", "coordinator, worker"),
+    ({"NUM_TRAIN_SAMPLES": "0"}, "NUM_TRAIN_SAMPLES='0'", ">= 1"),
+    ({"NUM_GENERATIONS": "-2"}, "NUM_GENERATIONS='-2'", ">= 1"),
+    ({"MAX_ROUNDS": "many"}, "MAX_ROUNDS='many'", "whole number"),
+    ({"NUM_TRANSPLANT_TREES": "-1"}, "NUM_TRANSPLANT_TREES='-1'", ">= 0"),
+    ({"EXPERIMENT_NAME": "../x"}, "EXPERIMENT_NAME='../x'", "no '/'"),
+    ({"EXPERIMENT_NAME": "/"}, "EXPERIMENT_NAME='/'", "no '/'"),
+    ({"EXPERIMENT_NAME": ""}, "EXPERIMENT_NAME=''", "letters, digits"),
+    ({"NODE_ID": "../../x"}, "NODE_ID='../../x'", "no '/'"),
+    ({"COORDINATOR_ROUND_INTERVAL": "0"}, "COORDINATOR_ROUND_INTERVAL='0'", "seconds > 0"),
+    ({"ROLLOUT_PUBLISH_FREQUENCY": "often"}, "ROLLOUT_PUBLISH_FREQUENCY='often'", "generation, stage, round"),
+]
+
+
+@pytest.mark.parametrize(("bad", "names", "fix"), BAD_INPUTS, ids=[next(iter(b)) + "=" + next(iter(b.values()))
+                                                                       for b, _, _ in BAD_INPUTS])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, bad, names, fix):
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    result = launch({**quick_env(folder), **bad})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert names in lines[0] and fix in lines[0], lines[0]
+    assert list(folder.iterdir()) == []
+    assert not (tmp_path / "local").exists()
+
+
+def test_missing_or_absent_gdrive_path(tmp_path):
+    env = quick_env(tmp_path / "nope")
+    result = launch(env)
+    assert result.returncode == 2 and "GDRIVE_PATH=" in result.stderr and "mount" in result.stderr
+    del env["GDRIVE_PATH"]
+    result = launch(env)
+    assert result.returncode == 2 and "GDRIVE_PATH=<unset>" in result.stderr
+    assert not (tmp_path / "nope").exists()
+
+
+def test_unwritable_gdrive_path(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() == 0:  # root writes through permission bits: use a read-only mount instead
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
+                                 capture_output=True)
+        if mounted.returncode != 0:
+            pytest.skip("running as root and cannot mount a read-only tmpfs")
+    else:
+        folder.chmod(0o500)
+    try:
+        result = launch(quick_env(folder))
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", str(folder)], check=True)
+    assert result.returncode == 2
+    assert "GDRIVE_PATH=" in result.stderr and "not writable" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_coordinator_refuses_an_experiment_with_another_config(tmp_path):
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = quick_env(folder, NODE_ROLE="coordinator", MAX_ROUNDS="1", SEED="1")
+    first = NodeProcess("coordinator", env)
+    deadline = time.monotonic() + 30
+    while not (folder / "experiments/cli/state/current_state.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert first.terminate() == 0
+    result = launch({**env, "SEED": "2"})
+    assert result.returncode == 2
+    assert "SEED=1 (now 2)" in result.stderr and "RESET_EXPERIMENT=true" in result.stderr
+
+
+def test_sigterm_stops_a_waiting_worker_cleanly_and_a_restart_keeps_its_identity(tmp_path):
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = quick_env(folder, NODE_ROLE="worker", TEST_MODE="true")
+    coordinator = NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "MIN_WORKERS": "5"})
+    layout = Layout("cli")
+    peers = folder / layout.peers_dir
+    try:
+        worker = NodeProcess("worker", env)  # no NODE_ID: generated and persisted
+        deadline = time.monotonic() + 30
+        while len(list(peers.glob("worker-*.json"))) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (peer_file,) = peers.glob("worker-*.json")
+        node_id = peer_file.stem
+        assert worker.terminate(timeout=20) == 0
+        assert decode(peer_file.read_bytes(), PeerRecord).status == "stopped"
+        events, _ = decode_lines((folder / layout.events_file(node_id)).read_bytes(), EventRecord)
+        assert [e.event for e in events][-1] == "worker_stopped"
+        assert any("MAX_ROUNDS': 3" in line for line in worker.lines), "resolved TEST_MODE config is logged"
+
+        again = NodeProcess("worker-again", env)
+        deadline = time.monotonic() + 30
+        while decode(peer_file.read_bytes(), PeerRecord).status != "alive" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(p.stem for p in peers.glob("worker-*.json")) == [node_id]
+        again.proc.send_signal(signal.SIGINT)  # Ctrl-C is a clean stop too
+        assert again.wait(timeout=20) == 0
+    finally:
+        coordinator.terminate()
+
+
+def test_env_command_lists_every_variable():
+    out = subprocess.run([sys.executable, "-m", "swarm_gdrive", "env"], capture_output=True, text=True,
+                         check=True).stdout
+    for f in env_fields():
+        assert f.metadata["env"] in out
+
+
+def test_demo_runs_a_small_swarm_and_prints_a_summary(tmp_path):
+    result = subprocess.run(["swarm-gdrive", "demo", "--folder", str(tmp_path), "--rounds", "2"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "worker-1" in result.stdout and "worker-2" in result.stdout and "round 1" in result.stdout
+    assert (tmp_path / "experiments/demo/rewards/round_1/stage_0/worker-2.json").exists()

@@ -1,0 +1,153 @@
+"""A coordinator and 3 workers as real processes on a temporary folder, with a worker SIGKILLed mid-round."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from swarm_gdrive.layout import Layout, is_temporary
+from swarm_gdrive.procs import NodeProcess, stop_all
+from swarm_gdrive.records import (
+    EventRecord,
+    ExperimentRecord,
+    MetricRecord,
+    PeerRecord,
+    RewardRecord,
+    RolloutBatch,
+    StateRecord,
+    decode,
+    decode_lines,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROUNDS = 5
+WORKERS = ["worker-1", "worker-2", "worker-3"]
+J = 2
+
+
+def base_env(folder: Path) -> dict[str, str]:
+    return {
+        "GDRIVE_PATH": str(folder),
+        "EXPERIMENT_NAME": "itest",
+        "SWARM_LOCAL_DIR": str(folder.parent / "local"),
+        "MAX_ROUNDS": str(ROUNDS),
+        "NUM_TRANSPLANT_TREES": str(J),
+        "NUM_TRAIN_SAMPLES": "4",
+        "NUM_GENERATIONS": "4",
+        "MIN_WORKERS": "3",
+        "HEARTBEAT_INTERVAL": "0.3",
+        "LIVENESS_TIMEOUT": "8",
+        "POLL_INTERVAL_MIN": "0.05",
+        "POLL_INTERVAL_MAX": "0.5",
+        "COORDINATOR_ROUND_INTERVAL": "60",
+        "ROLLOUT_WAIT_TIMEOUT": "30",
+        "SYNTHETIC_STEP_SECONDS": "0.3",
+        "WORKLOAD": "synthetic",
+    }
+
+
+def wait_until(predicate, timeout: float, what: str, nodes: list[NodeProcess]) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {n.name}\n" + "\n".join(n.lines[-15:]) for n in nodes)
+            raise AssertionError(f"timed out waiting for {what}\n{logs}")
+        time.sleep(0.02)
+
+
+def test_three_workers_five_rounds_with_a_sigkilled_worker(tmp_path):
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = base_env(folder)
+    layout = Layout("itest")
+    root = folder / layout.root
+
+    def path(rel: str) -> Path:
+        return folder / rel
+
+    nodes = [NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"})]
+    # worker-3's first life trains slowly, so that the kill lands inside its round-2 update.
+    workers = {
+        w: NodeProcess(w, {**env, "NODE_ID": w, **({"SYNTHETIC_STEP_SECONDS": "4"} if w == "worker-3" else {})})
+        for w in WORKERS
+    }
+    nodes += workers.values()
+    try:
+        victim = workers["worker-3"]
+        wait_until(lambda: path(layout.rollout_file(2, 0, "worker-3")).exists(), 90, "worker-3 publishing round 2",
+                   nodes)
+        victim.kill()
+        assert not path(layout.reward_file(2, 0, "worker-3")).exists(), "the kill should land mid-round"
+        # The others keep going: they finish round 2 while worker-3 is dead.
+        wait_until(lambda: all(path(layout.reward_file(2, 0, w)).exists() for w in ("worker-1", "worker-2")), 30,
+                   "survivors submitting round 2", nodes)
+        assert all(workers[w].returncode is None for w in ("worker-1", "worker-2"))
+        state_at_restart = decode(path(layout.state_file).read_bytes(), StateRecord)
+        restarted = NodeProcess("worker-3b", {**env, "NODE_ID": "worker-3"})
+        nodes.append(restarted)
+        codes = {n.name: n.wait(timeout=120) for n in nodes if n is not victim}
+    finally:
+        stop_all([n for n in nodes if n.returncode is None], timeout=5)
+    assert codes == {"coordinator": 0, "worker-1": 0, "worker-2": 0, "worker-3b": 0}, codes
+
+    # The experiment finished after every round.
+    state = decode(path(layout.state_file).read_bytes(), StateRecord)
+    experiment = decode(path(layout.experiment_file).read_bytes(), ExperimentRecord)
+    assert (state.status, state.round, state.run_id) == ("finished", ROUNDS, experiment.run_id)
+
+    # Every worker has a valid reward for every round.
+    for round_ in range(ROUNDS):
+        for w in WORKERS:
+            reward = decode(path(layout.reward_file(round_, 0, w)).read_bytes(), RewardRecord)
+            assert reward.round == round_ and reward.num_local_groups == 4 and reward.external_requested == J
+
+    # Every worker read at least 2 peers' rollouts in every round, and used J of them when J were usable.
+    for w in WORKERS:
+        metrics, problems = decode_lines(path(layout.metrics_file(w)).read_bytes(), MetricRecord)
+        assert not problems
+        stage_lines = [m for m in metrics if "swarm/peers_read" in m.values]
+        by_round = {}
+        for m in stage_lines:
+            by_round.setdefault(m.round, []).append(m.values)
+        assert sorted(by_round) == list(range(ROUNDS)), (w, sorted(by_round))
+        for round_, lines in by_round.items():
+            for v in lines:
+                assert v["swarm/peers_read"] >= 2, (w, round_, v)
+                usable = v["swarm/external_offered"] - v["swarm/external_zero_variance"]
+                assert v["swarm/external_used"] == min(J, usable), (w, round_, v)
+
+    # The restarted worker rejoined at the round that was current when it came back.
+    events, _ = decode_lines(path(layout.events_file("worker-3")).read_bytes(), EventRecord)
+    starts = [e for e in events if e.event == "worker_started"]
+    assert len(starts) == 2
+    after_restart = [m for m in decode_lines(path(layout.metrics_file("worker-3")).read_bytes(), MetricRecord)[0]
+                     if m.ts > starts[1].ts and "swarm/peers_read" in m.values]
+    assert after_restart[0].round == state_at_restart.round
+    assert not any(e.event == "round_skipped" for e in events)
+
+    # Nothing temporary or partial is left anywhere, and every file validates.
+    kinds = {"state": StateRecord, "peers": PeerRecord, "rewards": RewardRecord, "rollouts": RolloutBatch}
+    for file in root.rglob("*"):
+        assert not is_temporary(file.name), f"left behind: {file}"
+        if file.is_dir():
+            continue
+        rel = file.relative_to(root).parts
+        if file.suffix == ".json" and rel[0] in kinds:
+            decode(file.read_bytes(), kinds[rel[0]])
+        elif file.suffix == ".jsonl":
+            model = MetricRecord if file.name == "metrics.jsonl" else EventRecord
+            data = file.read_bytes()
+            assert data.endswith(b"\n")
+            records, problems = decode_lines(data, model)
+            assert records and not problems
+        else:
+            assert file.name == "experiment.json"
+            json.loads(file.read_text())
+
+    # Clean exits mark peers stopped, so nobody waits for them.
+    for w in WORKERS:
+        assert decode(path(layout.peer_file(w)).read_bytes(), PeerRecord).status == "stopped"
