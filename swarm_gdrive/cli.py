@@ -44,7 +44,8 @@ def demo_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
         "POLL_INTERVAL_MAX": "1",
         "COORDINATOR_ROUND_INTERVAL": "120",
         "ROLLOUT_WAIT_TIMEOUT": "60",
-        "SWARM_LOCAL_DIR": str(Path(folder) / ".local-nodes"),
+        # Node identities are node-local: never inside the shared folder.
+        "SWARM_LOCAL_DIR": tempfile.mkdtemp(prefix="swarm-gdrive-demo-nodes-"),
         "WORKLOAD": args.workload,
     }
 

@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 RejectHook = Callable[[str, str], None]
 
 
+class RunChangedError(RuntimeError):
+    """The state belongs to another run of the experiment: it was reset while this node ran."""
+
+
 @dataclass(frozen=True)
 class Observed:
     """A file seen in a listing, with the record read from it (None if rejected)."""
@@ -59,11 +63,15 @@ class Exchange:
         self._on_reject = on_reject
         self._newest_state: StateRecord | None = None
         self._cache: dict[str, tuple[tuple[int, float], object | None]] = {}
+        self._rejected: dict[str, str] = {}
         self.stats = {"reads": 0, "writes": 0, "lists": 0, "deletes": 0, "bytes_read": 0, "bytes_written": 0}
 
     # -- generic ---------------------------------------------------------------------------
 
     def _reject(self, path: str, reason: str) -> None:
+        if self._rejected.get(path) == reason:  # polled again, same verdict: said once already
+            return
+        self._rejected[path] = reason
         logger.warning("rejected %s: %s", path, reason)
         if self._on_reject is not None:
             self._on_reject(path, reason)
@@ -78,7 +86,7 @@ class Exchange:
         self.stats["lists"] += 1
         return self.storage.list(folder)
 
-    def _read(self, path: str, model: type[R]) -> R | None:
+    def _read(self, path: str, model: type[R], check_run: bool = True) -> R | None:
         """Read and validate one file; None (and a logged reason) if absent or invalid."""
         kind = model.model_fields["kind"].default
         try:
@@ -95,7 +103,7 @@ class Exchange:
         except RecordError as exc:
             self._reject(path, str(exc))
             return None
-        problem = self._cross_check(path, record)
+        problem = self._cross_check(path, record, check_run)
         if problem:
             self._reject(path, problem)
             return None
@@ -112,9 +120,9 @@ class Exchange:
         self._cache[path] = (key, record)
         return record
 
-    def _cross_check(self, path: str, record: object) -> str | None:
+    def _cross_check(self, path: str, record: object, check_run: bool = True) -> str | None:
         run_id = getattr(record, "run_id", None)
-        if self.run_id is not None and run_id is not None and run_id != self.run_id:
+        if check_run and self.run_id is not None and run_id is not None and run_id != self.run_id:
             return f"run_id {run_id} is not this experiment's ({self.run_id})"
         owner = getattr(record, "node_id", None)
         if owner is not None:
@@ -132,8 +140,13 @@ class Exchange:
         self._write(self.layout.experiment_file, record)
 
     def read_state(self) -> StateRecord | None:
-        """The newest state seen so far: an older file (a lagging sync) never wins."""
-        state = self._read(self.layout.state_file, StateRecord)
+        """The newest state seen so far: an older file (a lagging sync) never wins.
+
+        Raises :class:`RunChangedError` if the state belongs to another run (a reset).
+        """
+        state = self._read(self.layout.state_file, StateRecord, check_run=False)
+        if state is not None and self.run_id is not None and state.run_id != self.run_id:
+            raise RunChangedError(f"the state now belongs to run {state.run_id}, not {self.run_id}")
         if state is not None and state.experiment != self.layout.experiment:
             self._reject(self.layout.state_file, f"experiment {state.experiment!r} is not {self.layout.experiment!r}")
             state = None

@@ -18,9 +18,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_ROUND = re.compile(r"^round_(\d{1,9})$")
-_STAGE = re.compile(r"^stage_(\d{1,4})$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# Canonical folder names only: ASCII digits, no leading zeros (as _round/_stage build them).
+_ROUND = re.compile(r"round_(0|[1-9][0-9]{0,8})")
+_STAGE = re.compile(r"stage_(0|[1-9][0-9]{0,3})")
 JSON_SUFFIX = ".json"
 
 
@@ -38,7 +39,7 @@ def validate_name(value: object, what: str = "name") -> str:
     Allowed: 1-64 characters of letters, digits, '.', '_' and '-', starting with a letter or
     digit (so never '.', '..', hidden, empty, or containing '/' or '\\').
     """
-    if not isinstance(value, str) or not _NAME.match(value) or value.endswith(".tmp"):
+    if not isinstance(value, str) or not _NAME.fullmatch(value) or is_temporary(value):
         raise InvalidNameError(
             what,
             value,
@@ -54,13 +55,13 @@ def is_temporary(name: str) -> bool:
 
 def parse_round_dir(name: str) -> int | None:
     """``round_12`` -> 12; anything else -> None."""
-    match = _ROUND.match(name)
+    match = _ROUND.fullmatch(name)
     return int(match.group(1)) if match else None
 
 
 def parse_stage_dir(name: str) -> int | None:
     """``stage_0`` -> 0; anything else -> None."""
-    match = _STAGE.match(name)
+    match = _STAGE.fullmatch(name)
     return int(match.group(1)) if match else None
 
 
@@ -156,12 +157,12 @@ class Layout:
 
 
 def _round(round_: int) -> str:
-    if not isinstance(round_, int) or round_ < 0:
+    if type(round_) is not int or round_ < 0:
         raise ValueError(f"round must be an int >= 0, got {round_!r}")
     return f"round_{round_}"
 
 
 def _stage(stage: int) -> str:
-    if not isinstance(stage, int) or stage < 0:
+    if type(stage) is not int or stage < 0:
         raise ValueError(f"stage must be an int >= 0, got {stage!r}")
     return f"stage_{stage}"

@@ -222,10 +222,9 @@ def decode(data: bytes, model: type[R]) -> R:
         raise RecordError(f"expected a JSON object, got {type(raw).__name__}")
     if raw.get("kind") != kind:
         raise RecordError(f"kind is {raw.get('kind')!r}, expected {kind!r}")
-    if raw.get("schema_version") != SCHEMA_VERSION:
-        raise RecordError(
-            f"schema_version {raw.get('schema_version')!r} is not supported (this version reads {SCHEMA_VERSION})"
-        )
+    version = raw.get("schema_version")
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise RecordError(f"schema_version {version!r} is not supported (this version reads {SCHEMA_VERSION})")
     try:
         return model.model_validate_json(text)
     except ValidationError as exc:

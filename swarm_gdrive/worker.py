@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from swarm_gdrive import logctx
 from swarm_gdrive.config import Config
-from swarm_gdrive.exchange import Exchange
+from swarm_gdrive.exchange import Exchange, RunChangedError
 from swarm_gdrive.heartbeat import Heartbeat
 from swarm_gdrive.identity import Identity
 from swarm_gdrive.layout import Layout
@@ -83,6 +83,11 @@ class Worker:
         except Stopped:
             self.log.event("worker_stopped", "stopped on request")
             return EXIT_OK
+        except RunChangedError as exc:
+            message = f"the experiment was reset while this worker ran ({exc}): restart this worker"
+            self.log.event("worker_gave_up", message, level="error")
+            logger.error("%s", message)
+            return EXIT_GAVE_UP
         except GiveUpError as exc:
             self.log.event("worker_gave_up", str(exc), level="error")
             logger.error("%s", exc)
@@ -156,8 +161,6 @@ class Worker:
         target = 0 if last is None else last + 1
         while True:
             state = self._next_state(target)
-            if state.run_id != self.exchange.run_id:
-                raise GiveUpError("the experiment was reset (new run id): restart this worker")
             if state.status == "finished":
                 self.log.event("experiment_finished", f"finished after {state.round} rounds", round_=state.round)
                 return

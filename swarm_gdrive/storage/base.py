@@ -7,6 +7,7 @@ Paths are relative POSIX strings (``experiments/x/state/current_state.json``) bu
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -83,7 +84,7 @@ class Storage(Protocol):
         ...
 
 
-def retrying(is_transient: callable, attempts: int, max_wait: float, what: str) -> Retrying:
+def retrying(is_transient: Callable[[BaseException], bool], attempts: int, max_wait: float) -> Retrying:
     """A tenacity policy: exponential backoff with jitter on transient errors only."""
     return Retrying(
         retry=retry_if_exception(is_transient),

@@ -68,7 +68,7 @@ class LocalStorage:
         return self.root.joinpath(*parts)
 
     def _retry(self, fn, *args):
-        for attempt in retrying(is_transient_os_error, self._attempts, self._max_wait, fn.__name__):
+        for attempt in retrying(is_transient_os_error, self._attempts, self._max_wait):
             with attempt:
                 return fn(*args)
         raise StorageError(f"unreachable retry exit in {fn.__name__}")  # pragma: no cover

@@ -21,14 +21,26 @@ pytestmark = pytest.mark.integration
 
 def launch(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if k not in {f.metadata["env"] for f in env_fields()}}
-    return subprocess.run([sys.executable, "-m", "swarm_gdrive.launcher", *args], env={**clean, **env},
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "swarm_gdrive.launcher", *args],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def quick_env(folder: Path, **extra: str) -> dict[str, str]:
-    return {"GDRIVE_PATH": str(folder), "EXPERIMENT_NAME": "cli", "SWARM_LOCAL_DIR": str(folder.parent / "local"),
-            "HEARTBEAT_INTERVAL": "0.2", "LIVENESS_TIMEOUT": "5", "POLL_INTERVAL_MIN": "0.05",
-            "POLL_INTERVAL_MAX": "0.3", **extra}
+    return {
+        "GDRIVE_PATH": str(folder),
+        "EXPERIMENT_NAME": "cli",
+        "SWARM_LOCAL_DIR": str(folder.parent / "local"),
+        "HEARTBEAT_INTERVAL": "0.2",
+        "LIVENESS_TIMEOUT": "5",
+        "POLL_INTERVAL_MIN": "0.05",
+        "POLL_INTERVAL_MAX": "0.3",
+        **extra,
+    }
 
 
 BAD_INPUTS = [
@@ -46,8 +58,9 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize(("bad", "names", "fix"), BAD_INPUTS, ids=[next(iter(b)) + "=" + next(iter(b.values()))
-                                                                       for b, _, _ in BAD_INPUTS])
+@pytest.mark.parametrize(
+    ("bad", "names", "fix"), BAD_INPUTS, ids=[next(iter(b)) + "=" + next(iter(b.values())) for b, _, _ in BAD_INPUTS]
+)
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, bad, names, fix):
     folder = tmp_path / "drive"
     folder.mkdir()
@@ -74,8 +87,9 @@ def test_unwritable_gdrive_path(tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir()
     if os.geteuid() == 0:  # root writes through permission bits: use a read-only mount instead
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
-                                 capture_output=True)
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True
+        )
         if mounted.returncode != 0:
             pytest.skip("running as root and cannot mount a read-only tmpfs")
     else:
@@ -136,15 +150,20 @@ def test_sigterm_stops_a_waiting_worker_cleanly_and_a_restart_keeps_its_identity
 
 
 def test_env_command_lists_every_variable():
-    out = subprocess.run([sys.executable, "-m", "swarm_gdrive", "env"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "swarm_gdrive", "env"], capture_output=True, text=True, check=True
+    ).stdout
     for f in env_fields():
         assert f.metadata["env"] in out
 
 
 def test_demo_runs_a_small_swarm_and_prints_a_summary(tmp_path):
-    result = subprocess.run(["swarm-gdrive", "demo", "--folder", str(tmp_path), "--rounds", "2"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["swarm-gdrive", "demo", "--folder", str(tmp_path), "--rounds", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "worker-1" in result.stdout and "worker-2" in result.stdout and "round 1" in result.stdout
     assert (tmp_path / "experiments/demo/rewards/round_1/stage_0/worker-2.json").exists()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -59,6 +58,27 @@ def wait_until(predicate, timeout: float, what: str, nodes: list[NodeProcess]) -
         time.sleep(0.02)
 
 
+def assert_every_file_final_and_valid(root: Path) -> None:
+    """Nothing temporary or partial is left anywhere, and every file validates."""
+    kinds = {"state": StateRecord, "peers": PeerRecord, "rewards": RewardRecord, "rollouts": RolloutBatch}
+    for file in root.rglob("*"):
+        assert not is_temporary(file.name), f"left behind: {file}"
+        if file.is_dir():
+            continue
+        rel = file.relative_to(root).parts
+        if file.suffix == ".json" and rel[0] in kinds:
+            decode(file.read_bytes(), kinds[rel[0]])
+        elif file.suffix == ".jsonl":
+            model = MetricRecord if file.name == "metrics.jsonl" else EventRecord
+            data = file.read_bytes()
+            assert data.endswith(b"\n")
+            records, problems = decode_lines(data, model)
+            assert records and not problems
+        else:
+            assert file.name == "experiment.json"
+            decode(file.read_bytes(), ExperimentRecord)
+
+
 def test_three_workers_five_rounds_with_a_sigkilled_worker(tmp_path):
     folder = tmp_path / "drive"
     folder.mkdir()
@@ -78,13 +98,18 @@ def test_three_workers_five_rounds_with_a_sigkilled_worker(tmp_path):
     nodes += workers.values()
     try:
         victim = workers["worker-3"]
-        wait_until(lambda: path(layout.rollout_file(2, 0, "worker-3")).exists(), 90, "worker-3 publishing round 2",
-                   nodes)
+        wait_until(
+            lambda: path(layout.rollout_file(2, 0, "worker-3")).exists(), 90, "worker-3 publishing round 2", nodes
+        )
         victim.kill()
         assert not path(layout.reward_file(2, 0, "worker-3")).exists(), "the kill should land mid-round"
         # The others keep going: they finish round 2 while worker-3 is dead.
-        wait_until(lambda: all(path(layout.reward_file(2, 0, w)).exists() for w in ("worker-1", "worker-2")), 30,
-                   "survivors submitting round 2", nodes)
+        wait_until(
+            lambda: all(path(layout.reward_file(2, 0, w)).exists() for w in ("worker-1", "worker-2")),
+            30,
+            "survivors submitting round 2",
+            nodes,
+        )
         assert all(workers[w].returncode is None for w in ("worker-1", "worker-2"))
         state_at_restart = decode(path(layout.state_file).read_bytes(), StateRecord)
         restarted = NodeProcess("worker-3b", {**env, "NODE_ID": "worker-3"})
@@ -124,30 +149,62 @@ def test_three_workers_five_rounds_with_a_sigkilled_worker(tmp_path):
     events, _ = decode_lines(path(layout.events_file("worker-3")).read_bytes(), EventRecord)
     starts = [e for e in events if e.event == "worker_started"]
     assert len(starts) == 2
-    after_restart = [m for m in decode_lines(path(layout.metrics_file("worker-3")).read_bytes(), MetricRecord)[0]
-                     if m.ts > starts[1].ts and "swarm/peers_read" in m.values]
+    after_restart = [
+        m
+        for m in decode_lines(path(layout.metrics_file("worker-3")).read_bytes(), MetricRecord)[0]
+        if m.ts > starts[1].ts and "swarm/peers_read" in m.values
+    ]
     assert after_restart[0].round == state_at_restart.round
     assert not any(e.event == "round_skipped" for e in events)
 
-    # Nothing temporary or partial is left anywhere, and every file validates.
-    kinds = {"state": StateRecord, "peers": PeerRecord, "rewards": RewardRecord, "rollouts": RolloutBatch}
-    for file in root.rglob("*"):
-        assert not is_temporary(file.name), f"left behind: {file}"
-        if file.is_dir():
-            continue
-        rel = file.relative_to(root).parts
-        if file.suffix == ".json" and rel[0] in kinds:
-            decode(file.read_bytes(), kinds[rel[0]])
-        elif file.suffix == ".jsonl":
-            model = MetricRecord if file.name == "metrics.jsonl" else EventRecord
-            data = file.read_bytes()
-            assert data.endswith(b"\n")
-            records, problems = decode_lines(data, model)
-            assert records and not problems
-        else:
-            assert file.name == "experiment.json"
-            json.loads(file.read_text())
+    assert_every_file_final_and_valid(root)
 
     # Clean exits mark peers stopped, so nobody waits for them.
     for w in WORKERS:
         assert decode(path(layout.peer_file(w)).read_bytes(), PeerRecord).status == "stopped"
+
+
+def test_a_sigkilled_coordinator_restarts_where_it_was_and_the_round_never_goes_back(tmp_path):
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = {**base_env(folder), "MIN_WORKERS": "2", "MAX_ROUNDS": "4", "SYNTHETIC_STEP_SECONDS": "0.2"}
+    layout = Layout("itest")
+    state_file = folder / layout.state_file
+    coordinator_env = {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"}
+    nodes = [NodeProcess("coordinator", coordinator_env)]
+    nodes += [NodeProcess(w, {**env, "NODE_ID": w}) for w in WORKERS[:2]]
+    seen: list[tuple[int, int, str]] = []
+
+    def observe() -> StateRecord | None:
+        try:
+            s = decode(state_file.read_bytes(), StateRecord)
+        except (FileNotFoundError, ValueError):
+            return None
+        if not seen or seen[-1] != (s.round, s.seq, s.status):
+            seen.append((s.round, s.seq, s.status))
+        return s
+
+    try:
+        wait_until(lambda: (s := observe()) is not None and s.round >= 2, 60, "round 2", nodes)
+        nodes[0].kill()
+        killed_at = observe()
+        nodes.append(NodeProcess("coordinator-b", coordinator_env))
+        deadline = time.monotonic() + 90
+        while any(n.returncode is None for n in nodes[1:]) and time.monotonic() < deadline:
+            observe()
+            time.sleep(0.01)
+        codes = {n.name: n.wait(timeout=30) for n in nodes[1:]}
+    finally:
+        stop_all([n for n in nodes if n.returncode is None], timeout=5)
+    assert codes == {"worker-1": 0, "worker-2": 0, "coordinator-b": 0}
+    final = observe()
+    assert final.status == "finished" and final.round == 4 and final.run_id == killed_at.run_id
+    rounds = [r for r, _, _ in seen]
+    assert rounds == sorted(rounds), seen
+    assert [s for _, s, _ in seen] == sorted(s for _, s, _ in seen), seen
+    for round_ in range(4):
+        for w in WORKERS[:2]:
+            assert (folder / layout.reward_file(round_, 0, w)).exists()
+    events, _ = decode_lines((folder / layout.events_file("coordinator")).read_bytes(), EventRecord)
+    resumed = [e for e in events if e.event == "coordinator_resumed"]
+    assert len(resumed) == 1 and resumed[0].round == killed_at.round

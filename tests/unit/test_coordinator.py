@@ -17,11 +17,23 @@ from swarm_gdrive.storage import LocalStorage
 INTERVAL = 60.0
 
 
-def state(round_: int = 0, status: str = "running", max_rounds: int = 10, live: list[str] | None = None,
-          seq: int = 0) -> StateRecord:
-    return StateRecord(experiment="exp", run_id="abcdef0123456789", round=round_, status=status, seq=seq,
-                       max_rounds=max_rounds, num_stages=1, round_opened_at=0.0, round_deadline=INTERVAL,
-                       live_workers=live or [], coordinator_id="coord", updated_at=0.0)
+def state(
+    round_: int = 0, status: str = "running", max_rounds: int = 10, live: list[str] | None = None, seq: int = 0
+) -> StateRecord:
+    return StateRecord(
+        experiment="exp",
+        run_id="abcdef0123456789",
+        round=round_,
+        status=status,
+        seq=seq,
+        max_rounds=max_rounds,
+        num_stages=1,
+        round_opened_at=0.0,
+        round_deadline=INTERVAL,
+        live_workers=live or [],
+        coordinator_id="coord",
+        updated_at=0.0,
+    )
 
 
 def run_decide(s: StateRecord, live: set[str], submitted: set[str], elapsed: float, min_workers: int = 1):
@@ -128,18 +140,43 @@ def test_round_never_decreases_over_random_histories():
 
 
 def make_config(tmp_path, **extra):
-    env = {"GDRIVE_PATH": str(tmp_path), "EXPERIMENT_NAME": "exp", "NODE_ROLE": "coordinator",
-           "SWARM_LOCAL_DIR": str(tmp_path / ".local"), "COORDINATOR_ROUND_INTERVAL": "60"}
+    env = {
+        "GDRIVE_PATH": str(tmp_path),
+        "EXPERIMENT_NAME": "exp",
+        "NODE_ROLE": "coordinator",
+        "SWARM_LOCAL_DIR": str(tmp_path / ".local"),
+        "COORDINATOR_ROUND_INTERVAL": "60",
+    }
     return from_env({**env, **{k: str(v) for k, v in extra.items()}})
 
 
 def submit_round(tmp_path, run_id: str, round_: int, workers: list[str]) -> None:
     ex = Exchange(LocalStorage(tmp_path), Layout("exp"), "writer", run_id)
     for w in workers:
-        ex.write_peer(PeerRecord(node_id=w, role="worker", run_id=run_id, registered_at=1.0, heartbeat=round_ + 1,
-                                 heartbeat_at=1.0, status="alive"))
-        ex.write_reward(RewardRecord(node_id=w, run_id=run_id, round=round_, stage=0, reward=0.5, num_local_groups=1,
-                                     num_external_groups=0, external_requested=0, submitted_at=1.0))
+        ex.write_peer(
+            PeerRecord(
+                node_id=w,
+                role="worker",
+                run_id=run_id,
+                registered_at=1.0,
+                heartbeat=round_ + 1,
+                heartbeat_at=1.0,
+                status="alive",
+            )
+        )
+        ex.write_reward(
+            RewardRecord(
+                node_id=w,
+                run_id=run_id,
+                round=round_,
+                stage=0,
+                reward=0.5,
+                num_local_groups=1,
+                num_external_groups=0,
+                external_requested=0,
+                submitted_at=1.0,
+            )
+        )
 
 
 def test_restart_resumes_the_running_round(tmp_path):
@@ -171,18 +208,19 @@ def test_changed_configuration_is_refused_with_a_clear_message(tmp_path):
     Coordinator(make_config(tmp_path, SEED=1), LocalStorage(tmp_path), "coord", threading.Event()).open_experiment()
     before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "experiments").rglob("*"))
     with pytest.raises(ExperimentMismatchError) as info:
-        Coordinator(make_config(tmp_path, SEED=2), LocalStorage(tmp_path), "coord",
-                    threading.Event()).open_experiment()
+        Coordinator(make_config(tmp_path, SEED=2), LocalStorage(tmp_path), "coord", threading.Event()).open_experiment()
     message = str(info.value)
     assert "SEED=1 (now 2)" in message and "RESET_EXPERIMENT=true" in message and "\n" not in message
     assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "experiments").rglob("*")) == before
 
 
 def test_reset_archives_the_old_experiment_and_starts_round_zero(tmp_path):
-    old = Coordinator(make_config(tmp_path, SEED=1), LocalStorage(tmp_path), "coord",
-                      threading.Event()).open_experiment()
-    new = Coordinator(make_config(tmp_path, SEED=2, RESET_EXPERIMENT="true"), LocalStorage(tmp_path), "coord",
-                      threading.Event()).open_experiment()
+    old = Coordinator(
+        make_config(tmp_path, SEED=1), LocalStorage(tmp_path), "coord", threading.Event()
+    ).open_experiment()
+    new = Coordinator(
+        make_config(tmp_path, SEED=2, RESET_EXPERIMENT="true"), LocalStorage(tmp_path), "coord", threading.Event()
+    ).open_experiment()
     assert new.run_id != old.run_id and new.round == 0
     archived = list((tmp_path / "archives" / "exp").glob("reset_*/experiment.json"))
     assert len(archived) == 1
@@ -195,8 +233,9 @@ def test_max_rounds_can_be_raised_to_extend_a_finished_run(tmp_path):
     c.exchange.write_state(s.model_copy(update={"status": "finished", "round": 2, "seq": 9}))
     again = Coordinator(config, LocalStorage(tmp_path), "coord", threading.Event()).open_experiment()
     assert again.status == "finished"
-    extended = Coordinator(make_config(tmp_path, MAX_ROUNDS=4), LocalStorage(tmp_path), "coord",
-                           threading.Event()).open_experiment()
+    extended = Coordinator(
+        make_config(tmp_path, MAX_ROUNDS=4), LocalStorage(tmp_path), "coord", threading.Event()
+    ).open_experiment()
     assert (extended.status, extended.round, extended.max_rounds) == ("running", 2, 4)
 
 

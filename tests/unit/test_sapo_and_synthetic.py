@@ -8,8 +8,14 @@ from swarm_gdrive.workload import StageContext, SyntheticWorkload
 
 
 def group(source: str, i: int, rewards: tuple[float, ...]) -> ScoredGroup:
-    g = RolloutGroup(group_id=f"{source}-{i}", task="t", question="q", provenance=Provenance(dataset="d", seed=0,
-                     index=i), completions=["x"] * len(rewards), rewards=[0.0] * len(rewards))
+    g = RolloutGroup(
+        group_id=f"{source}-{i}",
+        task="t",
+        question="q",
+        provenance=Provenance(dataset="d", seed=0, index=i),
+        completions=["x"] * len(rewards),
+        rewards=[0.0] * len(rewards),
+    )
     return ScoredGroup(source, g, rewards)
 
 
@@ -28,8 +34,7 @@ def test_selection_is_deterministic_and_independent_of_listing_order():
     other_round = select_external(pool, 4, rng_for(42, "w1", 4))
     other_node = select_external(pool, 4, rng_for(42, "w2", 3))
     ids = [g.group.group_id for g in first.chosen]
-    assert ids != [g.group.group_id for g in other_round.chosen] or ids != [g.group.group_id for g in
-                                                                            other_node.chosen]
+    assert ids != [g.group.group_id for g in other_round.chosen] or ids != [g.group.group_id for g in other_node.chosen]
     assert len(set(ids)) == 4 and first.shortfall == 0
 
 

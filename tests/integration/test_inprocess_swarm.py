@@ -1,0 +1,238 @@
+"""The real coordinator and workers as threads of one process: publish frequencies, retention, skipping."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from swarm_gdrive.config import from_env
+from swarm_gdrive.coordinator import Coordinator
+from swarm_gdrive.identity import claim_identity
+from swarm_gdrive.layout import Layout
+from swarm_gdrive.records import (
+    EventRecord,
+    ExperimentRecord,
+    MetricRecord,
+    PeerRecord,
+    RolloutBatch,
+    decode,
+    decode_lines,
+    encode,
+)
+from swarm_gdrive.storage import LocalStorage
+from swarm_gdrive.worker import Worker
+from swarm_gdrive.workload import SyntheticWorkload
+
+pytestmark = pytest.mark.integration
+LAYOUT = Layout("inproc")
+
+
+def env_for(folder: Path, **extra: object) -> dict[str, str]:
+    env = {
+        "GDRIVE_PATH": str(folder),
+        "EXPERIMENT_NAME": "inproc",
+        "SWARM_LOCAL_DIR": str(folder / ".local"),
+        "HEARTBEAT_INTERVAL": "0.2",
+        "LIVENESS_TIMEOUT": "5",
+        "POLL_INTERVAL_MIN": "0.02",
+        "POLL_INTERVAL_MAX": "0.2",
+        "NUM_TRAIN_SAMPLES": "3",
+        "NUM_GENERATIONS": "4",
+        "SYNTHETIC_STEP_SECONDS": "0.01",
+        "ROLLOUT_WAIT_TIMEOUT": "10",
+        "COORDINATOR_ROUND_INTERVAL": "30",
+    }
+    return {**env, **{k: str(v) for k, v in extra.items()}}
+
+
+class Node(threading.Thread):
+    def __init__(self, env: dict[str, str]) -> None:
+        super().__init__(daemon=True)
+        self.config = from_env(env)
+        self.stop = threading.Event()
+        self.code: int | None = None
+
+    def run(self) -> None:
+        storage = LocalStorage(self.config.gdrive_path)
+        if self.config.is_coordinator:
+            self.code = Coordinator(self.config, storage, self.config.node_id, self.stop).run()
+            return
+        identity = claim_identity(self.config.local_dir, self.config.experiment_name, "worker", self.config.node_id)
+        workload = SyntheticWorkload(
+            self.config.num_train_samples, self.config.num_generations, self.config.synthetic_step_seconds, self.stop
+        )
+        try:
+            self.code = Worker(self.config, storage, identity, workload, self.stop).run()
+        finally:
+            identity.release()
+
+
+def run_swarm(folder: Path, workers: int, timeout: float = 60, **extra: object) -> list[Node]:
+    env = env_for(folder, MIN_WORKERS=workers, **extra)
+    nodes = [Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})]
+    nodes += [Node({**env, "NODE_ROLE": "worker", "NODE_ID": f"w{i}"}) for i in range(1, workers + 1)]
+    for n in nodes:
+        n.start()
+    for n in nodes:
+        n.join(timeout)
+    assert [n.code for n in nodes] == [0] * len(nodes)
+    return nodes
+
+
+@pytest.mark.parametrize("frequency", ["generation", "stage", "round"])
+def test_publish_frequencies_all_share_complete_batches(tmp_path, frequency):
+    run_swarm(
+        tmp_path,
+        2,
+        MAX_ROUNDS=2,
+        NUM_STAGES=2,
+        NUM_TRANSPLANT_TREES=1,
+        ROLLOUT_PUBLISH_FREQUENCY=frequency,
+        ROLLOUT_WAIT_TIMEOUT=1,
+    )
+    for round_ in range(2):
+        for stage in range(2):
+            for w in ("w1", "w2"):
+                batch = decode((tmp_path / LAYOUT.rollout_file(round_, stage, w)).read_bytes(), RolloutBatch)
+                assert batch.complete and len(batch.groups) == 3
+    metrics, _ = decode_lines((tmp_path / LAYOUT.metrics_file("w1")).read_bytes(), MetricRecord)
+    writes = [m.values["storage/writes"] for m in metrics if "storage/writes" in m.values]
+    assert len(writes) == 2
+    # generation writes the file after each of the 3 groups; stage and round write it once per stage.
+    rollout_writes = {"generation": 2 * 4, "stage": 2, "round": 2}[frequency]
+    assert min(writes) >= rollout_writes + 2  # + one reward per stage
+    if frequency != "round":
+        peers = [m.values["swarm/peers_read"] for m in metrics if "swarm/peers_read" in m.values]
+        assert peers == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("archive", [False, True])
+def test_retention_keeps_the_last_n_rounds_of_own_files_only(tmp_path, archive):
+    stranger = tmp_path / LAYOUT.rollout_file(0, 0, "stranger")
+    stranger.parent.mkdir(parents=True)
+    stranger.write_text("{}")
+    run_swarm(
+        tmp_path,
+        2,
+        MAX_ROUNDS=6,
+        ROLLOUT_CLEANUP_ENABLED="true",
+        ROLLOUT_KEEP_LAST_N_ROUNDS=2,
+        ROLLOUT_ARCHIVE_OLD=str(archive).lower(),
+    )
+    for w in ("w1", "w2"):
+        kept = sorted(r for r in range(6) if (tmp_path / LAYOUT.rollout_file(r, 0, w)).exists())
+        assert kept == [4, 5]
+        archived = sorted(r for r in range(6) if (tmp_path / LAYOUT.archived_rollout_file(r, 0, w)).exists())
+        assert archived == ([0, 1, 2, 3] if archive else [])
+        for r in archived:
+            decode((tmp_path / LAYOUT.archived_rollout_file(r, 0, w)).read_bytes(), RolloutBatch)
+    assert stranger.exists(), "a node removes only its own files"
+    assert not (tmp_path / LAYOUT.rollouts_round_dir(1)).exists(), "the coordinator prunes emptied round folders"
+    # Rewards are never cleaned: the monitor needs them.
+    assert all((tmp_path / LAYOUT.reward_file(r, 0, "w1")).exists() for r in range(6))
+
+
+def test_a_late_worker_skips_to_the_current_round_and_records_it(tmp_path):
+    env = env_for(tmp_path, MAX_ROUNDS=40, MIN_WORKERS=1, SYNTHETIC_STEP_SECONDS=0.05)
+    coordinator = Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})
+    early = Node({**env, "NODE_ROLE": "worker", "NODE_ID": "w1"})
+    coordinator.start()
+    early.start()
+    state_file = tmp_path / LAYOUT.state_file
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (not state_file.exists() or b'"round":3,' not in state_file.read_bytes()):
+        time.sleep(0.01)
+    late = Node({**env, "NODE_ROLE": "worker", "NODE_ID": "w2"})
+    late.start()
+    for n in (coordinator, early, late):
+        n.join(60)
+    assert [n.code for n in (coordinator, early, late)] == [0, 0, 0]
+    events, _ = decode_lines((tmp_path / LAYOUT.events_file("w2")).read_bytes(), EventRecord)
+    (skip,) = [e for e in events if e.event == "round_skipped"]
+    assert skip.data["skipped_from"] == 0 and skip.data["skipped_to"] >= 2
+    assert not (tmp_path / LAYOUT.reward_file(0, 0, "w2")).exists()
+    assert (tmp_path / LAYOUT.reward_file(39, 0, "w2")).exists()
+
+
+def test_a_live_peer_that_never_publishes_costs_one_bounded_wait_and_one_interval(tmp_path):
+    """'ghost' heartbeats but never publishes nor submits: w1 waits ROLLOUT_WAIT_TIMEOUT for its rollouts
+    and trains without them; the coordinator closes the round by the interval."""
+    env = env_for(
+        tmp_path,
+        MAX_ROUNDS=1,
+        MIN_WORKERS=2,
+        NUM_TRANSPLANT_TREES=2,
+        ROLLOUT_WAIT_TIMEOUT=1.0,
+        COORDINATOR_ROUND_INTERVAL=3,
+    )
+    coordinator = Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})
+    w1 = Node({**env, "NODE_ROLE": "worker", "NODE_ID": "w1"})
+    coordinator.start()
+    w1.start()
+    storage = LocalStorage(tmp_path)
+    stop_ghost = threading.Event()
+
+    def ghost() -> None:
+        beat = 0
+        while not stop_ghost.wait(0.1):
+            experiment = tmp_path / LAYOUT.experiment_file
+            if not experiment.exists():
+                continue
+            run_id = decode(experiment.read_bytes(), ExperimentRecord).run_id
+            beat += 1
+            storage.write_bytes(
+                LAYOUT.peer_file("ghost"),
+                encode(
+                    PeerRecord(
+                        node_id="ghost",
+                        role="worker",
+                        run_id=run_id,
+                        registered_at=1.0,
+                        heartbeat=beat,
+                        heartbeat_at=1.0,
+                        status="alive",
+                    )
+                ),
+            )
+
+    beating = threading.Thread(target=ghost, daemon=True)
+    beating.start()
+    started = time.monotonic()
+    w1.join(30)
+    coordinator.join(30)
+    elapsed = time.monotonic() - started
+    stop_ghost.set()
+    assert (w1.code, coordinator.code) == (0, 0)
+    events, _ = decode_lines((tmp_path / LAYOUT.events_file("w1")).read_bytes(), EventRecord)
+    (expired,) = [e for e in events if e.event == "rollout_wait_expired"]
+    assert expired.data["missing"] == ["ghost"]
+    (shortfall,) = [e for e in events if e.event == "external_shortfall"]
+    assert shortfall.data["used"] == 0 and shortfall.data["requested"] == 2
+    coord_events, _ = decode_lines((tmp_path / LAYOUT.events_file("coord")).read_bytes(), EventRecord)
+    (finish,) = [e for e in coord_events if e.event == "experiment_finished"]
+    assert finish.data["reason"] == "interval" and "missing ['ghost']" in finish.message
+    assert elapsed < 15
+
+
+def test_a_worker_gives_up_with_exit_3_when_the_experiment_is_reset_under_it(tmp_path):
+    env = env_for(tmp_path, MAX_ROUNDS=3, MIN_WORKERS=2)
+    old = Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})
+    worker = Node({**env, "NODE_ROLE": "worker", "NODE_ID": "w1"})
+    old.start()
+    worker.start()
+    peer = tmp_path / LAYOUT.peer_file("w1")
+    deadline = time.monotonic() + 20
+    while not peer.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    old.stop.set()
+    old.join(20)
+    new = Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord", "SEED": "7", "RESET_EXPERIMENT": "true"})
+    new.start()
+    worker.join(20)
+    new.stop.set()
+    new.join(20)
+    assert worker.code == 3
+    assert list((tmp_path / "archives" / "inproc").glob("reset_*/peers/w1.json"))

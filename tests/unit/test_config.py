@@ -1,0 +1,446 @@
+"""config.from_env: every variable parsed, defaults, presets, and every error message."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from swarm_gdrive import config as config_module
+from swarm_gdrive.config import TEST_MODE_PRESET, Config, ConfigError, env_fields, from_env
+
+TOKEN = "hf_SECRET_token_value_123"
+NAME_FIX = "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit (no '/', no '..')"
+INT_FIX = "use a whole number >= {}"
+SECONDS_FIX = "use a number of seconds > 0, for example 30 or 0.5"
+BOOL_FIX = "use true or false (also 1/0, yes/no, on/off)"
+MOUNT_FIX = (
+    "this folder does not exist: create it, or mount Google Drive first "
+    "(in Colab: from google.colab import drive; drive.mount('/content/drive'))"
+)
+UNSET_FIX = "set it to the shared folder, e.g. /content/drive/MyDrive/rl-swarm"
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> dict[str, str]:
+    """The smallest valid environment: a shared folder and a node-local folder."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    return {"GDRIVE_PATH": str(shared), "SWARM_LOCAL_DIR": str(tmp_path / "local")}
+
+
+def config_error(env: dict[str, str]) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        from_env(env)
+    return info.value
+
+
+def assert_one_line(err: ConfigError, var: str, value: object) -> None:
+    message = str(err)
+    assert "\n" not in message and "\r" not in message
+    assert message.startswith(f"{var}=")
+    shown = "<unset>" if value is None else repr(value)
+    assert message.startswith(f"{var}={shown}: ")
+    assert err.var == var
+
+
+# -- every variable --------------------------------------------------------------------------
+
+# var -> (raw value, field name, parsed value, extra variables the value needs to be valid)
+VALID: dict[str, tuple[str, str, object, dict[str, str]]] = {
+    "EXPERIMENT_NAME": (" exp-1.b_2 ", "experiment_name", "exp-1.b_2", {}),
+    "NODE_ROLE": (" Coordinator ", "node_role", "coordinator", {}),
+    "NODE_ID": ("node-7", "node_id", "node-7", {}),
+    "MODEL_NAME": (" org/Tiny-Model ", "model_name", "org/Tiny-Model", {}),
+    "SEED": ("0", "seed", 0, {}),
+    "TEST_MODE": ("yes", "test_mode", True, {}),
+    "MAX_ROUNDS": ("17", "max_rounds", 17, {}),
+    "NUM_TRAIN_SAMPLES": ("3", "num_train_samples", 3, {}),
+    "NUM_GENERATIONS": ("5", "num_generations", 5, {}),
+    "NUM_TRANSPLANT_TREES": ("0", "num_transplant_trees", 0, {}),
+    "NUM_STAGES": ("2", "num_stages", 2, {}),
+    "MIN_WORKERS": ("4", "min_workers", 4, {}),
+    "COORDINATOR_ROUND_INTERVAL": ("2.5", "coordinator_round_interval", 2.5, {}),
+    "ROLLOUT_PUBLISH_FREQUENCY": ("ROUND", "rollout_publish_frequency", "round", {}),
+    "ROLLOUT_CLEANUP_ENABLED": ("on", "rollout_cleanup_enabled", True, {}),
+    "ROLLOUT_KEEP_LAST_N_ROUNDS": ("3", "rollout_keep_last_n_rounds", 3, {}),
+    "ROLLOUT_ARCHIVE_OLD": ("1", "rollout_archive_old", True, {"ROLLOUT_CLEANUP_ENABLED": "true"}),
+    "HUGGINGFACE_ACCESS_TOKEN": (f" {TOKEN} ", "huggingface_access_token", TOKEN, {}),
+    "HEARTBEAT_INTERVAL": ("5", "heartbeat_interval", 5.0, {}),
+    "LIVENESS_TIMEOUT": ("30.5", "liveness_timeout", 30.5, {}),
+    "ROLLOUT_WAIT_TIMEOUT": ("0.25", "rollout_wait_timeout", 0.25, {}),
+    "COORDINATOR_WAIT_TIMEOUT": ("1e3", "coordinator_wait_timeout", 1000.0, {}),
+    "POLL_INTERVAL_MIN": ("0.1", "poll_interval_min", 0.1, {}),
+    "POLL_INTERVAL_MAX": ("2", "poll_interval_max", 2.0, {}),
+    "WORKLOAD": ("Synthetic", "workload", "synthetic", {}),
+    "SYNTHETIC_STEP_SECONDS": ("0.002", "synthetic_step_seconds", 0.002, {}),
+    "RESET_EXPERIMENT": ("TRUE", "reset_experiment", True, {}),
+    "LOG_LEVEL": ("debug", "log_level", "DEBUG", {}),
+}
+
+
+def test_valid_table_covers_every_variable() -> None:
+    special = {"GDRIVE_PATH", "SWARM_LOCAL_DIR"}  # need real folders: tested below
+    assert set(VALID) | special == {f.metadata["env"] for f in env_fields()}
+
+
+def test_every_field_names_its_variable_and_has_help() -> None:
+    names = [f.metadata["env"] for f in env_fields()]
+    assert len(names) == len(set(names))
+    for f in env_fields():
+        assert f.metadata["help"].strip(), f.name
+        assert callable(f.metadata["parse"]), f.name
+
+
+@pytest.mark.parametrize("var", sorted(VALID))
+def test_every_variable_is_parsed(var: str, base: dict[str, str]) -> None:
+    raw, name, expected, extra = VALID[var]
+    config = from_env({**base, **extra, var: raw})
+    value = getattr(config, name)
+    assert value == expected
+    assert type(value) is type(expected)
+
+
+def test_gdrive_path_and_local_dir_are_parsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = from_env({"GDRIVE_PATH": f" {tmp_path}/./shared ", "SWARM_LOCAL_DIR": "~/node-local"})
+    assert config.gdrive_path == str(shared.resolve())
+    assert config.local_dir == str(tmp_path / "node-local")
+
+
+def test_gdrive_path_expands_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "drive").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert from_env({"GDRIVE_PATH": "~/drive"}).gdrive_path == str((tmp_path / "drive").resolve())
+
+
+def test_defaults(base: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = from_env({"GDRIVE_PATH": base["GDRIVE_PATH"]})
+    expected = {
+        "experiment_name": "swarm-experiment",
+        "node_role": "worker",
+        "node_id": None,
+        "model_name": "Gensyn/Qwen2.5-0.5B-Instruct",
+        "seed": 42,
+        "test_mode": False,
+        "max_rounds": 2000,
+        "num_train_samples": 8,
+        "num_generations": 8,
+        "num_transplant_trees": 0,
+        "num_stages": 1,
+        "min_workers": 1,
+        "coordinator_round_interval": 60.0,
+        "rollout_publish_frequency": "stage",
+        "rollout_cleanup_enabled": False,
+        "rollout_keep_last_n_rounds": 10,
+        "rollout_archive_old": False,
+        "huggingface_access_token": None,
+        "heartbeat_interval": 10.0,
+        "liveness_timeout": 120.0,
+        "rollout_wait_timeout": 30.0,
+        "coordinator_wait_timeout": 3600.0,
+        "poll_interval_min": 0.5,
+        "poll_interval_max": 10.0,
+        "workload": "synthetic",
+        "synthetic_step_seconds": 0.01,
+        "local_dir": str(tmp_path / ".cache" / "swarm-gdrive"),
+        "reset_experiment": False,
+        "log_level": "INFO",
+    }
+    actual = dataclasses.asdict(config)
+    assert actual.pop("gdrive_path") == str(Path(base["GDRIVE_PATH"]).resolve())
+    assert actual == expected
+    assert not config.is_coordinator
+
+
+def test_reads_os_environ_when_no_mapping(base: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for f in env_fields():
+        monkeypatch.delenv(f.metadata["env"], raising=False)
+    for var, value in base.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setenv("NODE_ROLE", "coordinator")
+    config = from_env()
+    assert config.is_coordinator
+    assert config.gdrive_path == str(Path(base["GDRIVE_PATH"]).resolve())
+
+
+def test_optional_values_empty_mean_unset(base: dict[str, str]) -> None:
+    config = from_env({**base, "NODE_ID": "  ", "HUGGINGFACE_ACCESS_TOKEN": ""})
+    assert config.node_id is None
+    assert config.huggingface_access_token is None
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+def test_unknown_role(base: dict[str, str]) -> None:
+    err = config_error({**base, "NODE_ROLE": "boss"})
+    assert str(err) == "NODE_ROLE='boss': use one of coordinator, worker"
+    assert_one_line(err, "NODE_ROLE", "boss")
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "choices"),
+    [
+        ("ROLLOUT_PUBLISH_FREQUENCY", "hourly", "generation, stage, round"),
+        ("WORKLOAD", "reasoning", "synthetic"),
+        ("LOG_LEVEL", "verbose", "DEBUG, INFO, WARNING, ERROR"),
+    ],
+)
+def test_unknown_choice(base: dict[str, str], var: str, raw: str, choices: str) -> None:
+    err = config_error({**base, var: raw})
+    assert str(err) == f"{var}={raw!r}: use one of {choices}"
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "minimum"),
+    [
+        ("NUM_TRAIN_SAMPLES", "0", 1),
+        ("MAX_ROUNDS", "-1", 1),
+        ("MAX_ROUNDS", "abc", 1),
+        ("MAX_ROUNDS", "2.5", 1),
+        ("MAX_ROUNDS", "", 1),
+        ("NUM_GENERATIONS", "0", 1),
+        ("NUM_TRANSPLANT_TREES", "-1", 0),
+        ("NUM_STAGES", "0", 1),
+        ("MIN_WORKERS", "0", 1),
+        ("ROLLOUT_KEEP_LAST_N_ROUNDS", "0", 1),
+        ("SEED", "-5", 0),
+        ("SEED", "forty-two", 0),
+    ],
+)
+def test_bad_counts(base: dict[str, str], var: str, raw: str, minimum: int) -> None:
+    err = config_error({**base, var: raw})
+    assert str(err) == f"{var}={raw!r}: {INT_FIX.format(minimum)}"
+    assert_one_line(err, var, raw)
+
+
+def test_zero_transplant_trees_is_plain_grpo(base: dict[str, str]) -> None:
+    assert from_env({**base, "NUM_TRANSPLANT_TREES": "0"}).num_transplant_trees == 0
+
+
+@pytest.mark.parametrize("var", ["TEST_MODE", "ROLLOUT_CLEANUP_ENABLED", "ROLLOUT_ARCHIVE_OLD", "RESET_EXPERIMENT"])
+@pytest.mark.parametrize("raw", ["maybe", "2", "tru"])
+def test_bad_bools(base: dict[str, str], var: str, raw: str) -> None:
+    err = config_error({**base, var: raw})
+    assert str(err) == f"{var}={raw!r}: {BOOL_FIX}"
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("1", True), ("Yes", True), ("off", False), ("0", False), ("", False)])
+def test_bool_spellings(base: dict[str, str], raw: str, expected: bool) -> None:
+    assert from_env({**base, "RESET_EXPERIMENT": raw}).reset_experiment is expected
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "abc", "inf", "Infinity", "-inf", "nan", "1e400", ""])
+@pytest.mark.parametrize("var", ["HEARTBEAT_INTERVAL", "COORDINATOR_ROUND_INTERVAL", "SYNTHETIC_STEP_SECONDS"])
+def test_bad_seconds(base: dict[str, str], var: str, raw: str) -> None:
+    err = config_error({**base, var: raw})
+    assert str(err) == f"{var}={raw!r}: {SECONDS_FIX}"
+    assert_one_line(err, var, raw)
+
+
+@pytest.mark.parametrize("raw", ["../x", "/", "", ".hidden", "a/b", "..", "a\\b", "x.tmp", "a" * 65, "-lead"])
+def test_bad_experiment_names(base: dict[str, str], raw: str) -> None:
+    err = config_error({**base, "EXPERIMENT_NAME": raw})
+    assert str(err) == f"EXPERIMENT_NAME={raw!r}: {NAME_FIX}"
+    assert_one_line(err, "EXPERIMENT_NAME", raw)
+
+
+@pytest.mark.parametrize("raw", ["../x", "/", ".hidden", "a/b", "..", "node id", "x.tmp"])
+def test_bad_node_ids(base: dict[str, str], raw: str) -> None:
+    err = config_error({**base, "NODE_ID": raw})
+    assert str(err) == f"NODE_ID={raw!r}: {NAME_FIX}"
+    assert_one_line(err, "NODE_ID", raw)
+
+
+def test_error_with_newline_in_value_stays_one_line(base: dict[str, str]) -> None:
+    err = config_error({**base, "NODE_ROLE": "boss\nevil"})
+    assert str(err) == "NODE_ROLE='boss\\nevil': use one of coordinator, worker"
+    assert_one_line(err, "NODE_ROLE", "boss\nevil")
+
+
+@pytest.mark.parametrize("raw", ["", "   "])
+def test_empty_text_is_rejected(base: dict[str, str], raw: str) -> None:
+    for var in ("MODEL_NAME", "SWARM_LOCAL_DIR"):
+        err = config_error({**base, var: raw})
+        assert str(err) == f"{var}={raw!r}: set a non-empty value or unset the variable"
+
+
+def test_gdrive_path_unset(tmp_path: Path) -> None:
+    err = config_error({"SWARM_LOCAL_DIR": str(tmp_path)})
+    assert str(err) == f"GDRIVE_PATH=<unset>: {UNSET_FIX}"
+    assert_one_line(err, "GDRIVE_PATH", None)
+    assert err.value is None
+
+
+def test_gdrive_path_empty(tmp_path: Path) -> None:
+    err = config_error({"GDRIVE_PATH": "  "})
+    assert str(err) == f"GDRIVE_PATH='  ': {UNSET_FIX}"
+
+
+def test_gdrive_path_missing_folder(tmp_path: Path) -> None:
+    missing = str(tmp_path / "not-mounted")
+    err = config_error({"GDRIVE_PATH": missing})
+    assert str(err) == f"GDRIVE_PATH={missing!r}: {MOUNT_FIX}"
+    assert_one_line(err, "GDRIVE_PATH", missing)
+
+
+def test_gdrive_path_is_a_file(tmp_path: Path) -> None:
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    err = config_error({"GDRIVE_PATH": str(file)})
+    assert str(err) == f"GDRIVE_PATH={str(file)!r}: {MOUNT_FIX}"
+
+
+def test_gdrive_path_unwritable(tmp_path: Path) -> None:
+    folder = tmp_path / "readonly"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("running as root: os.access reports every folder writable (see the monkeypatched test)")
+        err = config_error({"GDRIVE_PATH": str(folder)})
+    finally:
+        folder.chmod(0o700)
+    assert str(err) == f"GDRIVE_PATH={str(folder)!r}: this folder is not writable by this user: fix its permissions"
+
+
+def test_gdrive_path_unwritable_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same check as above, with the permission answer forced so that it also runs as root."""
+    calls: list[tuple[str, int]] = []
+
+    def no_write(path: os.PathLike[str] | str, mode: int) -> bool:
+        calls.append((str(path), mode))
+        return False
+
+    monkeypatch.setattr(config_module.os, "access", no_write)
+    err = config_error({"GDRIVE_PATH": str(tmp_path)})
+    assert str(err) == f"GDRIVE_PATH={str(tmp_path)!r}: this folder is not writable by this user: fix its permissions"
+    assert calls == [(str(tmp_path), os.W_OK | os.X_OK)]
+
+
+# -- relations between variables -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("liveness", ["20", "15"])
+def test_liveness_must_exceed_two_heartbeats(base: dict[str, str], liveness: str) -> None:
+    err = config_error({**base, "HEARTBEAT_INTERVAL": "10", "LIVENESS_TIMEOUT": liveness})
+    assert str(err) == f"LIVENESS_TIMEOUT={float(liveness)!r}: must exceed 2 x HEARTBEAT_INTERVAL (20 s)"
+    assert_one_line(err, "LIVENESS_TIMEOUT", float(liveness))
+
+
+def test_liveness_just_above_two_heartbeats_is_fine(base: dict[str, str]) -> None:
+    config = from_env({**base, "HEARTBEAT_INTERVAL": "10", "LIVENESS_TIMEOUT": "20.5"})
+    assert config.liveness_timeout == 20.5
+
+
+def test_default_liveness_against_large_heartbeat(base: dict[str, str]) -> None:
+    err = config_error({**base, "HEARTBEAT_INTERVAL": "60"})
+    assert str(err) == "LIVENESS_TIMEOUT=120.0: must exceed 2 x HEARTBEAT_INTERVAL (120 s)"
+
+
+def test_poll_max_below_min(base: dict[str, str]) -> None:
+    err = config_error({**base, "POLL_INTERVAL_MIN": "2", "POLL_INTERVAL_MAX": "1.5"})
+    assert str(err) == "POLL_INTERVAL_MAX=1.5: must be >= POLL_INTERVAL_MIN (2 s)"
+    assert_one_line(err, "POLL_INTERVAL_MAX", 1.5)
+
+
+def test_poll_max_equal_min_is_fine(base: dict[str, str]) -> None:
+    config = from_env({**base, "POLL_INTERVAL_MIN": "2", "POLL_INTERVAL_MAX": "2"})
+    assert (config.poll_interval_min, config.poll_interval_max) == (2.0, 2.0)
+
+
+def test_archive_without_cleanup(base: dict[str, str]) -> None:
+    err = config_error({**base, "ROLLOUT_ARCHIVE_OLD": "true"})
+    assert str(err) == (
+        "ROLLOUT_ARCHIVE_OLD='true': archiving happens during cleanup: also set ROLLOUT_CLEANUP_ENABLED=true"
+    )
+    assert_one_line(err, "ROLLOUT_ARCHIVE_OLD", "true")
+
+
+# -- TEST_MODE preset ------------------------------------------------------------------------
+
+
+def test_test_mode_preset(base: dict[str, str]) -> None:
+    env = {**base, "TEST_MODE": "1"}
+    config = from_env(env)
+    assert config.test_mode is True
+    assert (config.max_rounds, config.num_train_samples, config.num_generations) == (3, 4, 4)
+    assert TEST_MODE_PRESET == {"MAX_ROUNDS": "3", "NUM_TRAIN_SAMPLES": "4", "NUM_GENERATIONS": "4"}
+    assert env == {**base, "TEST_MODE": "1"}  # the caller's mapping is not modified
+
+
+def test_explicit_variables_override_test_mode(base: dict[str, str]) -> None:
+    config = from_env({**base, "TEST_MODE": "true", "MAX_ROUNDS": "7", "NUM_GENERATIONS": "2"})
+    assert (config.max_rounds, config.num_train_samples, config.num_generations) == (7, 4, 2)
+
+
+def test_explicit_override_is_still_validated(base: dict[str, str]) -> None:
+    err = config_error({**base, "TEST_MODE": "true", "MAX_ROUNDS": "0"})
+    assert str(err) == "MAX_ROUNDS='0': use a whole number >= 1"
+
+
+def test_no_preset_without_test_mode(base: dict[str, str]) -> None:
+    config = from_env({**base, "TEST_MODE": "false"})
+    assert (config.max_rounds, config.num_train_samples, config.num_generations) == (2000, 8, 8)
+
+
+# -- secrets, fingerprint, immutability ------------------------------------------------------
+
+
+def test_token_never_shown(base: dict[str, str]) -> None:
+    config = from_env({**base, "HUGGINGFACE_ACCESS_TOKEN": TOKEN})
+    assert config.huggingface_access_token == TOKEN
+    described = config.describe()
+    assert described["HUGGINGFACE_ACCESS_TOKEN"] == "<set>"
+    assert TOKEN not in json.dumps(described)
+    assert TOKEN not in repr(config)
+    assert TOKEN not in str(config)
+
+
+def test_describe_lists_every_variable(base: dict[str, str]) -> None:
+    config = from_env({**base, "MAX_ROUNDS": "9"})
+    described = config.describe()
+    assert set(described) == {f.metadata["env"] for f in env_fields()}
+    assert described["MAX_ROUNDS"] == 9
+    assert described["HUGGINGFACE_ACCESS_TOKEN"] == "<unset>"
+    json.dumps(described)  # safe to log as JSON
+    assert described["GDRIVE_PATH"] == config.gdrive_path
+
+
+def test_fingerprint(base: dict[str, str]) -> None:
+    first = from_env(base).fingerprint()
+    assert first == from_env(base).fingerprint()
+    assert len(first) == 16 and int(first, 16) >= 0
+    assert from_env({**base, "SEED": "43"}).fingerprint() != first
+    assert from_env({**base, "EXPERIMENT_NAME": "other"}).fingerprint() != first
+    assert from_env({**base, "MAX_ROUNDS": "5"}).fingerprint() == first
+    assert from_env({**base, "NODE_ROLE": "coordinator", "NODE_ID": "c"}).fingerprint() == first
+
+
+def test_fingerprint_fields(base: dict[str, str]) -> None:
+    fields = from_env({**base, "SEED": "7"}).fingerprint_fields()
+    assert fields == {
+        "experiment_name": "swarm-experiment",
+        "model_name": "Gensyn/Qwen2.5-0.5B-Instruct",
+        "seed": 7,
+        "num_train_samples": 8,
+        "num_generations": 8,
+        "num_transplant_trees": 0,
+        "num_stages": 1,
+        "workload": "synthetic",
+    }
+
+
+def test_config_is_frozen(base: dict[str, str]) -> None:
+    config = from_env(base)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.max_rounds = 5  # type: ignore[misc]
+    assert config.max_rounds == 2000
+    assert isinstance(config, Config)
