@@ -132,6 +132,8 @@ def _parse_gdrive_path(var: str, raw: str) -> str:
     if not text:
         raise ConfigError(var, raw, "set it to the shared folder, e.g. /content/drive/MyDrive/rl-swarm")
     path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(var, raw, "this is a file, not a folder: point it at the shared folder")
     if not path.is_dir():
         raise ConfigError(
             var,

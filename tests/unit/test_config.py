@@ -295,7 +295,7 @@ def test_gdrive_path_is_a_file(tmp_path: Path) -> None:
     file = tmp_path / "a-file"
     file.write_text("x")
     err = config_error({"GDRIVE_PATH": str(file)})
-    assert str(err) == f"GDRIVE_PATH={str(file)!r}: {MOUNT_FIX}"
+    assert str(err) == f"GDRIVE_PATH={str(file)!r}: this is a file, not a folder: point it at the shared folder"
 
 
 def test_gdrive_path_unwritable(tmp_path: Path) -> None:
