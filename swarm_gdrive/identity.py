@@ -87,9 +87,12 @@ def claim_identity(local_dir: str, experiment: str, role: str, node_id: str | No
         if handle is None:
             continue
         identity = Identity(path.stem, True, path, handle)
-        if identity.read_local().get("role") == role:
+        recorded = identity.read_local().get("role")
+        if recorded == role:
             logger.info("reusing node identity %s from %s", identity.node_id, path)
             return identity
+        if path.stat().st_size == 0:  # a process died between creating and filling it: nobody owns it
+            path.unlink(missing_ok=True)
         identity.release()
     while True:
         candidate = f"{role}-{secrets.token_hex(3)}"

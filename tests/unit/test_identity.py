@@ -206,3 +206,17 @@ def test_generated_identity_skips_corrupt_records(local_dir: str, held: list[Ide
     identity = claim(held, local_dir, "worker", None)
     assert identity.node_id != "worker-000000"
     assert (folder / "worker-000000.id").read_text() == "{not json"
+
+
+def test_an_empty_identity_file_left_by_a_killed_process_is_removed(tmp_path):
+    from swarm_gdrive.identity import claim_identity
+
+    folder = tmp_path / "exp" / "identities"
+    folder.mkdir(parents=True)
+    (folder / "worker-dead00.id").write_text("")
+    identity = claim_identity(str(tmp_path), "exp", "worker", None)
+    try:
+        assert identity.node_id != "worker-dead00"
+        assert not (folder / "worker-dead00.id").exists()
+    finally:
+        identity.release()
