@@ -217,7 +217,7 @@ class Config:
         "ROLLOUT_PUBLISH_FREQUENCY",
         "stage",
         "When a worker writes its rollouts: generation (after every group), stage (once per stage, "
-        "before gathering) or round (once, at the end of the round: fewest writes, peers see them late).",
+        "before gathering) or round (every stage's batch at once, after the last stage has generated).",
         _parse_choice(PUBLISH_FREQUENCIES),
     )
     rollout_cleanup_enabled: bool = _env(
@@ -347,6 +347,13 @@ def _check_relations(config: Config) -> None:
             "POLL_INTERVAL_MAX",
             config.poll_interval_max,
             f"must be >= POLL_INTERVAL_MIN ({config.poll_interval_min:g} s)",
+        )
+    if config.rollout_publish_frequency == "round" and config.num_stages > 1 and config.num_transplant_trees > 0:
+        raise ConfigError(
+            "ROLLOUT_PUBLISH_FREQUENCY",
+            "round",
+            "with NUM_STAGES > 1 and NUM_TRANSPLANT_TREES > 0 peers would see a stage's rollouts only after the "
+            "round's last stage: use stage (or generation)",
         )
     if config.rollout_archive_old and not config.rollout_cleanup_enabled:
         raise ConfigError(

@@ -83,11 +83,12 @@ def decide(
         if len(live) >= min_workers:
             return Decision(_open(state, state.round, "running", live, interval, now, "start"), "start", True)
         return Decision(None, "waiting for workers")
-    all_submitted = bool(submitted) and live <= submitted
+    all_submitted = bool(live) and live <= submitted
     if all_submitted or (elapsed >= interval and (live or submitted)):
         reason = "all_submitted" if all_submitted else "interval"
         if state.round + 1 >= state.max_rounds:
-            return Decision(_open(state, state.max_rounds, "finished", live, interval, now, "finished"), reason, True)
+            # round + 1, not max_rounds: never backwards when MAX_ROUNDS was lowered on a resume
+            return Decision(_open(state, state.round + 1, "finished", live, interval, now, "finished"), reason, True)
         return Decision(_open(state, state.round + 1, "running", live, interval, now, reason), reason, True)
     if elapsed >= interval:
         return Decision(None, "no live worker: holding the round", True)
@@ -134,6 +135,7 @@ class Coordinator:
         self.stop = stop
         self.clock = clock
         self.liveness = Liveness(config.liveness_timeout)
+        self.workers_seen: set[str] = set()
         self.log = NodeLog(storage, self.layout, node_id)
         self.exchange._on_reject = lambda path, reason: self.log.event(
             "file_rejected", f"{path}: {reason}", level="warning", path=path
@@ -143,6 +145,7 @@ class Coordinator:
 
     def open_experiment(self) -> StateRecord:
         """Create the experiment, or resume it; refuse one with another configuration."""
+        self._remove_own_temporaries()
         existing = self.exchange.read_experiment()
         state_exists = bool(self.exchange.storage.list(self.layout.state_dir))
         if existing is None and state_exists:
@@ -170,6 +173,8 @@ class Coordinator:
                 "seq": state.seq + 1,
                 "max_rounds": self.config.max_rounds,
                 "updated_at": time.time(),
+                "round_opened_at": time.time(),
+                "round_deadline": time.time() + self.config.coordinator_round_interval,
                 "coordinator_id": self.node_id,
                 "advance_reason": "resume" if state.status == "running" else state.advance_reason,
             }
@@ -182,6 +187,19 @@ class Coordinator:
             status=state.status,
         )
         return state
+
+    def _remove_own_temporaries(self) -> None:
+        """Temporaries a killed coordinator process left beside the files it owns."""
+        own = [
+            self.layout.experiment_file,
+            self.layout.state_file,
+            self.layout.peer_file(self.node_id),
+            self.layout.metrics_file(self.node_id),
+            self.layout.events_file(self.node_id),
+        ]
+        removed = self.exchange.remove_own_temporaries(own)
+        if removed:
+            logger.info("removed %d temporary files left by an earlier coordinator process", removed)
 
     def _reset_or_refuse(self, why: str) -> None:
         if not self.config.reset_experiment:
@@ -235,11 +253,21 @@ class Coordinator:
         """Read the peers folder and return the live workers."""
         for node_id, seen in self.exchange.read_peers().items():
             record = seen.record
+            if record is not None and record.role == "worker":  # type: ignore[attr-defined]
+                self.workers_seen.add(node_id)
             if record is None or record.role != "worker" or record.status == "stopped":  # type: ignore[attr-defined]
                 self.liveness.forget(node_id)
                 continue
             self.liveness.observe(node_id, (record.registered_at, record.heartbeat), now)  # type: ignore[attr-defined]
         return self.liveness.live(now)
+
+    def submissions(self, state: StateRecord) -> frozenset[str]:
+        """Workers that submitted the round's last stage. Only registered workers count: a stray
+        reward file cannot close a round."""
+        if state.status != "running":
+            return frozenset()
+        rewards = self.exchange.read_rewards(state.round, state.num_stages - 1)
+        return frozenset(n for n in rewards if n in self.workers_seen)
 
     def run(self) -> int:
         """Serve rounds until finished (0) or stopped (0)."""
@@ -267,9 +295,7 @@ class Coordinator:
                 raise Stopped()
             now = self.clock()
             live = self.observe(now)
-            submitted = frozenset()
-            if state.status == "running":
-                submitted = frozenset(self.exchange.read_rewards(state.round, state.num_stages - 1))
+            submitted = self.submissions(state)
             decision = decide(
                 state,
                 live,

@@ -82,14 +82,10 @@ class StateRecord(_Record):
     updated_at: Timestamp
 
     def is_newer_than(self, other: StateRecord | None) -> bool:
-        """Monotonic order: (round, seq), finished after running."""
+        """Monotonic order by (round, seq): the coordinator increments seq on every write."""
         if other is None:
             return True
-        return (self.round, self.status == "finished", self.seq) > (
-            other.round,
-            other.status == "finished",
-            other.seq,
-        )
+        return (self.round, self.seq) > (other.round, other.seq)
 
 
 class PeerRecord(_Record):

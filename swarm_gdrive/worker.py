@@ -130,11 +130,10 @@ class Worker:
             self.layout.metrics_file(self.node_id),
             self.layout.events_file(self.node_id),
         ]
-        if last_round is not None:
-            for round_ in (last_round, last_round + 1):
-                for stage in range(self.config.num_stages):
-                    paths.append(self.layout.rollout_file(round_, stage, self.node_id))
-                    paths.append(self.layout.reward_file(round_, stage, self.node_id))
+        for round_ in (0,) if last_round is None else (last_round, last_round + 1):
+            for stage in range(self.config.num_stages):
+                paths.append(self.layout.rollout_file(round_, stage, self.node_id))
+                paths.append(self.layout.reward_file(round_, stage, self.node_id))
         removed = self.exchange.remove_own_temporaries(paths)
         if removed:
             self.log.event("temporaries_removed", f"{removed} left by an earlier process", count=removed)
@@ -188,8 +187,6 @@ class Worker:
         for stage in range(state.num_stages):
             ctx = StageContext(self.node_id, round_, stage, self.config.seed)
             self._stage(ctx, state, buffered)
-        for batch in buffered:  # ROLLOUT_PUBLISH_FREQUENCY=round
-            self.exchange.write_rollouts(batch)
         if self.config.rollout_cleanup_enabled:
             removed = self.exchange.cleanup_rollouts(
                 round_, self.config.rollout_keep_last_n_rounds, self.config.rollout_archive_old
@@ -216,10 +213,13 @@ class Worker:
             if self.stop.is_set():
                 raise Stopped()
         batch = self._batch(ctx, groups, complete=True)
-        if frequency == "round":
-            buffered.append(batch)
-        else:
+        if frequency != "round":
             self.exchange.write_rollouts(batch)
+        else:  # every stage's batch is written once the last stage has generated, before it gathers
+            buffered.append(batch)
+            if ctx.stage == state.num_stages - 1:
+                for held in buffered:
+                    self.exchange.write_rollouts(held)
         local = [ScoredGroup(self.node_id, g, tuple(g.rewards)) for g in groups]
         generated = time.monotonic()
 

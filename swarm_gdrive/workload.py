@@ -85,7 +85,7 @@ class SyntheticWorkload:
             text, answer = self.question(ctx.seed, index)
             completions = [str(answer + rng.choice((-1, 0, 0, 1))) for _ in range(self.num_generations)]
             yield RolloutGroup(
-                group_id=f"{ctx.node_id}-r{ctx.round}-s{ctx.stage}-{i}"[:64],
+                group_id=f"r{ctx.round}-s{ctx.stage}-g{i}",
                 task=SYNTHETIC_DATASET,
                 question=text,
                 provenance=Provenance(dataset=SYNTHETIC_DATASET, seed=ctx.seed, index=index),

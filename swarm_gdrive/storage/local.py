@@ -139,7 +139,9 @@ class LocalStorage:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            os.write(fd, data)
+            view = memoryview(data)
+            while view:  # a FUSE mount may write less than asked
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -84,17 +84,10 @@ def run_swarm(folder: Path, workers: int, timeout: float = 60, **extra: object) 
 
 @pytest.mark.parametrize("frequency", ["generation", "stage", "round"])
 def test_publish_frequencies_all_share_complete_batches(tmp_path, frequency):
-    run_swarm(
-        tmp_path,
-        2,
-        MAX_ROUNDS=2,
-        NUM_STAGES=2,
-        NUM_TRANSPLANT_TREES=1,
-        ROLLOUT_PUBLISH_FREQUENCY=frequency,
-        ROLLOUT_WAIT_TIMEOUT=1,
-    )
+    stages = 1 if frequency == "round" else 2  # round with several stages and J > 0 is refused by config
+    run_swarm(tmp_path, 2, MAX_ROUNDS=2, NUM_STAGES=stages, NUM_TRANSPLANT_TREES=1, ROLLOUT_PUBLISH_FREQUENCY=frequency)
     for round_ in range(2):
-        for stage in range(2):
+        for stage in range(stages):
             for w in ("w1", "w2"):
                 batch = decode((tmp_path / LAYOUT.rollout_file(round_, stage, w)).read_bytes(), RolloutBatch)
                 assert batch.complete and len(batch.groups) == 3
@@ -102,11 +95,24 @@ def test_publish_frequencies_all_share_complete_batches(tmp_path, frequency):
     writes = [m.values["storage/writes"] for m in metrics if "storage/writes" in m.values]
     assert len(writes) == 2
     # generation writes the file after each of the 3 groups; stage and round write it once per stage.
-    rollout_writes = {"generation": 2 * 4, "stage": 2, "round": 2}[frequency]
-    assert min(writes) >= rollout_writes + 2  # + one reward per stage
-    if frequency != "round":
-        peers = [m.values["swarm/peers_read"] for m in metrics if "swarm/peers_read" in m.values]
-        assert peers == [1, 1, 1, 1]
+    rollout_writes = {"generation": stages * 3, "stage": stages, "round": stages}[frequency]
+    assert min(writes) >= rollout_writes + stages  # + one reward per stage
+    peers = [m.values["swarm/peers_read"] for m in metrics if "swarm/peers_read" in m.values]
+    assert peers == [1] * (2 * stages)
+
+
+def test_round_publishing_with_several_stages_and_transplants_is_refused():
+    from swarm_gdrive.config import ConfigError
+
+    with pytest.raises(ConfigError, match="ROLLOUT_PUBLISH_FREQUENCY='round'"):
+        from_env(
+            {
+                "GDRIVE_PATH": "/tmp",
+                "ROLLOUT_PUBLISH_FREQUENCY": "round",
+                "NUM_STAGES": "2",
+                "NUM_TRANSPLANT_TREES": "1",
+            }
+        )
 
 
 @pytest.mark.parametrize("archive", [False, True])

@@ -11,7 +11,7 @@ from swarm_gdrive.config import from_env
 from swarm_gdrive.coordinator import Coordinator, ExperimentMismatchError, Liveness, decide
 from swarm_gdrive.exchange import Exchange
 from swarm_gdrive.layout import Layout
-from swarm_gdrive.records import PeerRecord, RewardRecord, StateRecord
+from swarm_gdrive.records import PeerRecord, RewardRecord, StateRecord, decode, encode
 from swarm_gdrive.storage import LocalStorage
 
 INTERVAL = 60.0
@@ -237,6 +237,31 @@ def test_max_rounds_can_be_raised_to_extend_a_finished_run(tmp_path):
         make_config(tmp_path, MAX_ROUNDS=4), LocalStorage(tmp_path), "coord", threading.Event()
     ).open_experiment()
     assert (extended.status, extended.round, extended.max_rounds) == ("running", 2, 4)
+    finished = decode(encode(s.model_copy(update={"status": "finished", "round": 2, "seq": 9})), StateRecord)
+    assert extended.is_newer_than(finished), "a reader that saw the finished state follows the extension"
+
+
+def test_a_reward_from_an_unregistered_node_does_not_count(tmp_path):
+    c = Coordinator(make_config(tmp_path), LocalStorage(tmp_path), "coord", threading.Event())
+    s = c.open_experiment().model_copy(update={"status": "running"})
+    submit_round(tmp_path, s.run_id, 0, ["w1"])
+    ghost = Exchange(LocalStorage(tmp_path), Layout("exp"), "ghost", s.run_id)
+    ghost.write_reward(
+        RewardRecord(
+            node_id="ghost",
+            run_id=s.run_id,
+            round=0,
+            stage=0,
+            reward=1.0,
+            num_local_groups=1,
+            num_external_groups=0,
+            external_requested=0,
+            submitted_at=1.0,
+        )
+    )
+    assert c.observe(0.0) == {"w1"}
+    assert c.submissions(s) == {"w1"}
+    assert decide(s, frozenset(), frozenset(), 1.0, 60.0, 1, 1.0).state is None
 
 
 def test_reader_keeps_the_newest_state_when_an_older_one_reappears(tmp_path):

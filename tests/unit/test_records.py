@@ -341,19 +341,21 @@ def test_state_is_newer_than() -> None:
     assert not state(round_=2, seq=5).is_newer_than(base)
     assert not state(round_=2, seq=4).is_newer_than(base)
     assert not state(round_=1, seq=99).is_newer_than(base)
-    finished = state(round_=2, seq=0, status="finished")
+    # Status plays no part: the coordinator increments seq on every write, finishing included, so an
+    # extended run's running state (same round, higher seq) wins over the finished one it follows.
+    finished = state(round_=2, seq=6, status="finished")
     assert finished.is_newer_than(base)
-    assert not base.is_newer_than(finished)
-    assert not state(round_=2, seq=99).is_newer_than(finished)
+    assert state(round_=2, seq=7).is_newer_than(finished)
+    assert not state(round_=2, seq=0, status="finished").is_newer_than(base)
 
 
 def test_state_order_is_a_total_order() -> None:
-    states = [state(r, s, st) for r in (0, 1) for s in (0, 1) for st in ("running", "finished")]
+    states = [state(r, s) for r in (0, 1) for s in (0, 1, 2)]
     for i, a in enumerate(states):
         for j, b in enumerate(states):
             if i == j:
                 assert not a.is_newer_than(b)
-            else:  # distinct (round, status, seq): exactly one of the two is newer
+            else:  # distinct (round, seq): exactly one of the two is newer
                 assert a.is_newer_than(b) != b.is_newer_than(a)
 
 
