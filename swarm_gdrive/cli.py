@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -28,9 +29,27 @@ def _cmd_env(_args: argparse.Namespace) -> int:
     return 0
 
 
+#: The demo's training settings, chosen for a signal on SmolLM2-135M within minutes on 2 CPU cores:
+#: the easiest settings of two arithmetic tasks, a format reward (the model rarely writes the
+#: answer tag unprompted, so without it every group has zero variance), short completions.
+DEMO_TRAINING = {
+    "TASKS": "chain_sum,basic_arithmetic",
+    "TASK_CONFIG": '{"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}, '
+    '"basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}',
+    "FORMAT_REWARD_WEIGHT": "0.5",
+    "NUM_TRAIN_SAMPLES": "2",
+    "NUM_GENERATIONS": "4",
+    "MAX_NEW_TOKENS": "48",
+    "TEMPERATURE": "0.7",
+    "LEARNING_RATE": "5e-6",
+    "CHECKPOINT_INTERVAL": "1000",
+    "DEVICE": "cpu",
+}
+
+
 def demo_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
     """The environment shared by the demo's nodes."""
-    return {
+    env = {
         "GDRIVE_PATH": folder,
         "EXPERIMENT_NAME": args.experiment,
         "MAX_ROUNDS": str(args.rounds),
@@ -38,27 +57,44 @@ def demo_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
         "NUM_TRAIN_SAMPLES": "4",
         "NUM_GENERATIONS": "4",
         "MIN_WORKERS": str(args.workers),
-        "HEARTBEAT_INTERVAL": "1",
-        "LIVENESS_TIMEOUT": "15",
+        "HEARTBEAT_INTERVAL": "2",
+        "LIVENESS_TIMEOUT": "600",  # model loading and CPU steps can starve a heartbeat for a while
         "POLL_INTERVAL_MIN": "0.1",
         "POLL_INTERVAL_MAX": "1",
-        "COORDINATOR_ROUND_INTERVAL": "120",
-        "ROLLOUT_WAIT_TIMEOUT": "60",
+        "COORDINATOR_ROUND_INTERVAL": "900",
+        "ROLLOUT_WAIT_TIMEOUT": "300",
         # Node identities are node-local: never inside the shared folder.
-        "SWARM_LOCAL_DIR": tempfile.mkdtemp(prefix="swarm-gdrive-demo-nodes-"),
+        "SWARM_LOCAL_DIR": args.local_dir,
         "WORKLOAD": args.workload,
+        # One thread per worker: two workers share the machine's cores instead of fighting over them.
+        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // max(args.workers, 1))),
     }
+    if args.workload == "grpo":
+        env.update(DEMO_TRAINING)
+        env["MODEL_NAME"] = args.model
+    return env
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     folder = args.folder or tempfile.mkdtemp(prefix="swarm-gdrive-demo-")
     Path(folder).mkdir(parents=True, exist_ok=True)
+    args.local_dir = tempfile.mkdtemp(prefix="swarm-gdrive-demo-nodes-")
+    if args.tiny:
+        args.workload, args.model = "grpo", str(_tiny_model(Path(args.local_dir) / "tiny-model"))
     env = demo_env(folder, args)
+    model = f", model={args.model}" if args.workload == "grpo" else ""
     print(
         f"demo: coordinator + {args.workers} workers, {args.rounds} rounds, J={args.transplants}, "
-        f"workload={args.workload}, folder {folder}",
+        f"workload={args.workload}{model}, folder {folder}",
         flush=True,
     )
+    if args.workload == "grpo" and not args.tiny:
+        from swarm_gdrive.models import resolve_model
+
+        print("demo: preparing the packaged SmolLM2-135M-Instruct (converted once, then cached)", flush=True)
+        from swarm_gdrive.config import Config
+
+        resolve_model(args.model, Path(Config.model_cache_dir).expanduser())
     sink = (lambda line: print(line, flush=True)) if args.verbose else _progress_sink
     started = time.monotonic()
     nodes = [NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"}, sink)]
@@ -78,6 +114,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print(summary_table(folder, args.experiment))
     print(f"the experiment folder is kept for the monitor: {Path(folder) / 'experiments' / args.experiment}")
     return 0 if all(code == 0 for code in codes.values()) else 1
+
+
+def _tiny_model(folder: Path) -> Path:
+    if not (folder / "config.json").exists():
+        from swarm_gdrive.tiny_model import build_tiny_model, teach_answer_format
+
+        teach_answer_format(build_tiny_model(folder))  # so that its groups have reward variance
+    return folder
 
 
 def _progress_sink(line: str) -> None:
@@ -113,7 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workers", type=int, default=2)
     demo.add_argument("--rounds", type=int, default=3)
     demo.add_argument("--transplants", type=int, default=1, help="J, external groups per stage")
-    demo.add_argument("--workload", default="synthetic", choices=["synthetic"])
+    demo.add_argument(
+        "--workload",
+        default="grpo",
+        choices=["grpo", "synthetic"],
+        help="grpo trains a model; synthetic is the protocol-only stand-in",
+    )
+    demo.add_argument("--model", default="SmolLM2-135M-Instruct", help="MODEL_NAME for the workers")
+    demo.add_argument("--tiny", action="store_true", help="a tiny random model built on the spot (seconds)")
     demo.add_argument("--timeout", type=float, default=900.0, help="seconds before the demo gives up")
     demo.add_argument("--verbose", action="store_true", help="show every log line of every node")
     return parser

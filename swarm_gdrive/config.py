@@ -8,9 +8,11 @@ with a one-line message that names the variable, the value and the fix.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,9 @@ from swarm_gdrive.layout import InvalidNameError, validate_name
 
 ROLES = ("coordinator", "worker")
 PUBLISH_FREQUENCIES = ("generation", "stage", "round")
-WORKLOADS = ("synthetic",)
+WORKLOADS = ("grpo", "synthetic")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+SCALE_REWARDS = ("group", "batch", "none")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 #: Applied by TEST_MODE to every variable of this table that is not set explicitly.
@@ -41,6 +45,8 @@ FINGERPRINT_FIELDS = (
     "num_transplant_trees",
     "num_stages",
     "workload",
+    "tasks",
+    "task_config",
 )
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -84,6 +90,26 @@ def _parse_seconds(var: str, raw: str) -> float:
     if not value > 0 or value == float("inf"):
         raise ConfigError(var, raw, "use a number of seconds > 0, for example 30 or 0.5")
     return value
+
+
+def _parse_float(minimum: float, maximum: float = float("inf")) -> Callable[[str, str], float]:
+    def parse(var: str, raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ConfigError(var, raw, f"use a number in [{minimum:g}, {maximum:g}]") from None
+        if not minimum <= value <= maximum or value != value:
+            raise ConfigError(var, raw, f"use a number in [{minimum:g}, {maximum:g}]")
+        return value
+
+    return parse
+
+
+def _parse_device(var: str, raw: str) -> str:
+    value = raw.strip().lower()
+    if value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d{1,2}", value):
+        return value
+    raise ConfigError(var, raw, "use auto, cpu, cuda or cuda:N (N the GPU index)")
 
 
 def _parse_bool(var: str, raw: str) -> bool:
@@ -262,10 +288,68 @@ class Config:
     poll_interval_max: float = _env("POLL_INTERVAL_MAX", 10.0, "Cap of a polling backoff, seconds.", _parse_seconds)
     workload: str = _env(
         "WORKLOAD",
-        "synthetic",
-        "What a worker does each stage. synthetic: a named stand-in (arithmetic questions, random "
-        "answers, an exact verifier, no model) for protocol tests and load benchmarks.",
+        "grpo",
+        "What a worker does each stage. grpo: generate with MODEL_NAME on reasoning-gym tasks and train "
+        "it with GRPO. synthetic: a named stand-in (sum questions, random answers, an exact verifier, "
+        "no model) for protocol tests and load benchmarks.",
         _parse_choice(WORKLOADS),
+    )
+    tasks: str | None = _env(
+        "TASKS",
+        None,
+        "reasoning-gym task mix, 'name[:weight],...'; unset: the SAPO paper's nine tasks, equal weights.",
+        _parse_optional_text,
+    )
+    task_config: str | None = _env(
+        "TASK_CONFIG",
+        None,
+        'Per-task difficulty as a JSON object, e.g. {"chain_sum": {"min_terms": 2, "max_terms": 2}}.',
+        _parse_optional_text,
+    )
+    max_new_tokens: int = _env(
+        "MAX_NEW_TOKENS", 256, "Longest completion, tokens (TRL max_completion_length).", _parse_int(1)
+    )
+    temperature: float = _env(
+        "TEMPERATURE", 1.0, "Sampling temperature (also divides the logits in the loss).", _parse_seconds
+    )
+    top_p: float = _env("TOP_P", 1.0, "Nucleus sampling mass.", _parse_float(0.01, 1.0))
+    learning_rate: float = _env("LEARNING_RATE", 1e-6, "AdamW learning rate.", _parse_float(0.0, 1.0))
+    max_grad_norm: float = _env("MAX_GRAD_NORM", 1.0, "Gradient clipping norm.", _parse_float(1e-9))
+    micro_batch_size: int = _env(
+        "MICRO_BATCH_SIZE", 8, "Sequences per backward pass (gradient accumulation).", _parse_int(1)
+    )
+    gen_batch_size: int = _env("GEN_BATCH_SIZE", 64, "Most sequences in one generate call.", _parse_int(1))
+    num_iterations: int = _env(
+        "NUM_ITERATIONS", 1, "Optimizer steps per batch (TRL num_iterations; >1 clips).", _parse_int(1)
+    )
+    scale_rewards: str = _env(
+        "SCALE_REWARDS", "group", "Advantage scaling: group, batch or none.", _parse_choice(SCALE_REWARDS)
+    )
+    loss_type: str = _env(
+        "LOSS_TYPE", "grpo", "grpo, bnpo, dr_grpo or dapo (TRL loss_type).", _parse_choice(LOSS_TYPES)
+    )
+    beta: float = _env("BETA", 0.0, "KL weight to a frozen reference; 0 loads no reference model.", _parse_float(0.0))
+    epsilon: float = _env("EPSILON", 0.2, "Lower clipping range.", _parse_float(0.0, 1.0))
+    epsilon_high: float = _env("EPSILON_HIGH", 0.28, "Upper clipping range (SAPO: 0.28).", _parse_float(0.0, 10.0))
+    format_reward_weight: float = _env(
+        "FORMAT_REWARD_WEIGHT", 0.0, "Weight of the format reward; 0 is off.", _parse_float(0.0, 10.0)
+    )
+    checkpoint_interval: int = _env(
+        "CHECKPOINT_INTERVAL", 10, "Rounds between checkpoints (and one at the end).", _parse_int(1)
+    )
+    keep_checkpoints: int = _env(
+        "KEEP_CHECKPOINTS", 2, "Checkpoints of this node kept in the shared folder.", _parse_int(1)
+    )
+    device: str = _env("DEVICE", "auto", "auto, cpu, cuda or cuda:N: where this node's model lives.", _parse_device)
+    cpu_only: bool = _env("CPU_ONLY", False, "Force the CPU even where a GPU exists.", _parse_bool)
+    hub_push_interval: int = _env(
+        "HUB_PUSH_INTERVAL", 10, "With HUGGINGFACE_ACCESS_TOKEN set: rounds between pushes to the Hub.", _parse_int(1)
+    )
+    hub_repo_id: str | None = _env(
+        "HUB_REPO_ID",
+        None,
+        "Hub repository to push to; unset: {your user}/{EXPERIMENT_NAME}-{NODE_ID}.",
+        _parse_optional_text,
     )
     synthetic_step_seconds: float = _env(
         "SYNTHETIC_STEP_SECONDS", 0.01, "Simulated compute per synthetic stage, seconds.", _parse_seconds
@@ -274,6 +358,12 @@ class Config:
         "SWARM_LOCAL_DIR",
         "~/.cache/swarm-gdrive",
         "Node-local folder (never shared) that keeps generated node identities.",
+        _parse_local_dir,
+    )
+    model_cache_dir: str = _env(
+        "MODEL_CACHE_DIR",
+        "~/.cache/swarm-gdrive/models",
+        "Node-local folder for converted models (the packaged SmolLM2's safetensors).",
         _parse_local_dir,
     )
     reset_experiment: bool = _env(
@@ -328,11 +418,19 @@ def from_env(environ: Mapping[str, str] | None = None) -> Config:
             values[f.name] = f.metadata["parse"](var, env[var])
         elif f.default is None and var == "GDRIVE_PATH":
             raise ConfigError(var, None, "set it to the shared folder, e.g. /content/drive/MyDrive/rl-swarm")
-        elif f.name == "local_dir":
+        elif f.name in ("local_dir", "model_cache_dir"):
             values[f.name] = _parse_local_dir(var, f.default)
     config = Config(**values)
     _check_relations(config)
     return config
+
+
+@functools.lru_cache(maxsize=32)
+def _check_task_mix(tasks: str | None, task_config: str | None) -> None:
+    """Build the task mix once per distinct value (it constructs reasoning-gym datasets)."""
+    from swarm_gdrive.tasks import parse_task_mix  # imports reasoning-gym: workers only
+
+    parse_task_mix(tasks, task_config)
 
 
 def _check_relations(config: Config) -> None:
@@ -355,6 +453,14 @@ def _check_relations(config: Config) -> None:
             "with NUM_STAGES > 1 and NUM_TRANSPLANT_TREES > 0 peers would see a stage's rollouts only after the "
             "round's last stage: use stage (or generation)",
         )
+    if config.workload == "grpo" and not config.is_coordinator:
+        try:
+            _check_task_mix(config.tasks, config.task_config)
+        except ValueError as exc:
+            var = "TASK_CONFIG" if "TASK_CONFIG" in str(exc).split("=", 1)[0] else "TASKS"
+            error = ConfigError(var, getattr(config, var.lower()), str(exc))
+            error.args = (str(exc),)  # the task parser's message already names the variable and value
+            raise error from None
     if config.rollout_archive_old and not config.rollout_cleanup_enabled:
         raise ConfigError(
             "ROLLOUT_ARCHIVE_OLD", "true", "archiving happens during cleanup: also set ROLLOUT_CLEANUP_ENABLED=true"

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 
 from swarm_gdrive import logctx
 from swarm_gdrive.config import Config
-from swarm_gdrive.exchange import Exchange
+from swarm_gdrive.exchange import Exchange, RunChangedError
 from swarm_gdrive.heartbeat import Heartbeat
 from swarm_gdrive.layout import Layout, parse_round_dir, parse_stage_dir
 from swarm_gdrive.metrics import NodeLog
@@ -162,7 +162,11 @@ class Coordinator:
         if existing is None:
             return self._create()
         self.exchange.run_id = existing.run_id
-        state = self.exchange.read_state()
+        try:
+            state = self.exchange.read_state()
+        except RunChangedError:
+            self._reset_or_refuse("its state belongs to another run than its experiment.json")
+            return self._create()
         if state is None:
             state = self._initial_state(existing.run_id)
         elif state.status == "finished" and state.round < self.config.max_rounds:

@@ -16,7 +16,7 @@ from swarm_gdrive import logctx
 from swarm_gdrive.config import Config, ConfigError, from_env
 from swarm_gdrive.coordinator import Coordinator, ExperimentMismatchError
 from swarm_gdrive.identity import IdentityError, claim_identity
-from swarm_gdrive.storage import open_storage
+from swarm_gdrive.storage import Storage, open_storage
 from swarm_gdrive.worker import Worker
 from swarm_gdrive.workload import SyntheticWorkload, Workload
 
@@ -38,8 +38,12 @@ def install_signal_handlers(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, on_signal)
 
 
-def make_workload(config: Config, stop: threading.Event) -> Workload:
+def make_workload(config: Config, storage: Storage, node_id: str, stop: threading.Event) -> Workload:
     """The workload named by WORKLOAD."""
+    if config.workload == "grpo":
+        from swarm_gdrive.grpo_workload import GRPOWorkload  # torch and transformers: workers only
+
+        return GRPOWorkload(config, storage, node_id, stop)
     if config.workload == "synthetic":
         logger.warning("WORKLOAD=synthetic: a stand-in that trains no model (protocol tests, load benchmarks)")
         return SyntheticWorkload(config.num_train_samples, config.num_generations, config.synthetic_step_seconds, stop)
@@ -53,7 +57,7 @@ def run_node(environ: Mapping[str, str] | None = None, stop: threading.Event | N
     except ConfigError as exc:
         print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    logctx.setup(config.log_level)
+    logctx.setup(config.log_level, [config.huggingface_access_token or ""])
     try:
         identity = claim_identity(config.local_dir, config.experiment_name, config.node_role, config.node_id)
     except IdentityError as exc:
@@ -75,7 +79,7 @@ def run_node(environ: Mapping[str, str] | None = None, stop: threading.Event | N
     try:
         if config.is_coordinator:
             return Coordinator(config, storage, identity.node_id, stop).run()
-        return Worker(config, storage, identity, make_workload(config, stop), stop).run()
+        return Worker(config, storage, identity, make_workload(config, storage, identity.node_id, stop), stop).run()
     except ExperimentMismatchError as exc:
         print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -26,10 +26,27 @@ class ContextFilter(logging.Filter):
         return True
 
 
-def setup(level: str) -> None:
-    """Configure the root logger once, for a node process."""
+class RedactFilter(logging.Filter):
+    """Replaces secrets (the Hub token) in every formatted message, whatever logged it."""
+
+    def __init__(self, secrets: list[str]) -> None:
+        super().__init__()
+        self.secrets = [s for s in secrets if s]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secrets:
+            message = record.getMessage()
+            for secret in self.secrets:
+                message = message.replace(secret, "<redacted>")
+            record.msg, record.args = message, None
+        return True
+
+
+def setup(level: str, secrets: list[str] | None = None) -> None:
+    """Configure the root logger once, for a node process; ``secrets`` never reach the output."""
     handler = logging.StreamHandler()
     handler.addFilter(ContextFilter())
+    handler.addFilter(RedactFilter(secrets or []))
     handler.setFormatter(logging.Formatter(FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]

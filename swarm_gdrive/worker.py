@@ -157,11 +157,25 @@ class Worker:
 
     def _rounds(self) -> None:
         last = self.identity.read_local().get("last_round")
+        restored = self.workload.resume()
+        if restored is not None:
+            self.log.event(
+                "resumed_from_checkpoint",
+                f"model, optimizer and RNG of round {restored}",
+                round_=restored,
+                checkpoint_round=restored,
+                params=getattr(self.workload, "restored_digest", None),
+            )
+            last = restored
         target = 0 if last is None else last + 1
         while True:
             state = self._next_state(target)
             if state.status == "finished":
                 self.log.event("experiment_finished", f"finished after {state.round} rounds", round_=state.round)
+                if last is not None:
+                    final = self.workload.end_round(last, final=True)
+                    if final:
+                        self.log.metric(final, round_=last)
                 return
             if state.round > target:
                 self.log.event(
@@ -172,6 +186,7 @@ class Worker:
                     skipped_to=state.round - 1,
                 )
             self.run_round(state)
+            last = state.round
             target = state.round + 1
 
     def run_round(self, state: StateRecord) -> None:
@@ -197,8 +212,9 @@ class Worker:
                     f"{removed} old rollout files " + ("archived" if self.config.rollout_archive_old else "deleted"),
                     count=removed,
                 )
+        after = self.workload.end_round(round_, final=False)
         stats = {f"storage/{k}": v - calls_before[k] for k, v in self.exchange.stats.items()}
-        self.log.metric({"round/seconds": time.monotonic() - started, **stats})
+        self.log.metric({"round/seconds": time.monotonic() - started, **stats, **after})
         self.log.flush()
         self.identity.write_local(last_round=round_)
 

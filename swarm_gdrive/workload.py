@@ -45,6 +45,14 @@ class Workload(Protocol):
         """One update on the I + J groups; returns metrics (``train/…`` keys)."""
         ...
 
+    def resume(self) -> int | None:
+        """Restore this node's latest checkpoint; the round it was taken after, or None."""
+        ...
+
+    def end_round(self, round_: int, final: bool) -> dict[str, float]:
+        """After a round (``final``: the experiment finished): checkpoint when due; returns metrics."""
+        ...
+
     def close(self) -> None:
         """Release resources."""
         ...
@@ -109,6 +117,12 @@ class SyntheticWorkload:
             "train/synthetic_groups": float(len(local) + len(external)),
             "train/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
         }
+
+    def resume(self) -> int | None:
+        return None  # nothing to restore: the stand-in has no model
+
+    def end_round(self, round_: int, final: bool) -> dict[str, float]:
+        return {}
 
     def close(self) -> None:
         pass

@@ -34,6 +34,7 @@ def quick_env(folder: Path, **extra: str) -> dict[str, str]:
     return {
         "GDRIVE_PATH": str(folder),
         "EXPERIMENT_NAME": "cli",
+        "WORKLOAD": "synthetic",
         "SWARM_LOCAL_DIR": str(folder.parent / "local"),
         "HEARTBEAT_INTERVAL": "0.2",
         "LIVENESS_TIMEOUT": "5",

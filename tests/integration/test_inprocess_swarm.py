@@ -34,6 +34,7 @@ def env_for(folder: Path, **extra: object) -> dict[str, str]:
     env = {
         "GDRIVE_PATH": str(folder),
         "EXPERIMENT_NAME": "inproc",
+        "WORKLOAD": "synthetic",
         "SWARM_LOCAL_DIR": str(folder / ".local"),
         "HEARTBEAT_INTERVAL": "0.2",
         "LIVENESS_TIMEOUT": "5",

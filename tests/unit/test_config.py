@@ -79,11 +79,38 @@ VALID: dict[str, tuple[str, str, object, dict[str, str]]] = {
     "SYNTHETIC_STEP_SECONDS": ("0.002", "synthetic_step_seconds", 0.002, {}),
     "RESET_EXPERIMENT": ("TRUE", "reset_experiment", True, {}),
     "LOG_LEVEL": ("debug", "log_level", "DEBUG", {}),
+    "TASKS": (" chain_sum:2,basic_arithmetic ", "tasks", "chain_sum:2,basic_arithmetic", {"WORKLOAD": "grpo"}),
+    "TASK_CONFIG": (
+        '{"chain_sum": {"min_terms": 2}}',
+        "task_config",
+        '{"chain_sum": {"min_terms": 2}}',
+        {"WORKLOAD": "grpo", "TASKS": "chain_sum"},
+    ),
+    "MAX_NEW_TOKENS": ("64", "max_new_tokens", 64, {}),
+    "TEMPERATURE": ("0.7", "temperature", 0.7, {}),
+    "TOP_P": ("0.9", "top_p", 0.9, {}),
+    "LEARNING_RATE": ("5e-6", "learning_rate", 5e-6, {}),
+    "MAX_GRAD_NORM": ("0.5", "max_grad_norm", 0.5, {}),
+    "MICRO_BATCH_SIZE": ("4", "micro_batch_size", 4, {}),
+    "GEN_BATCH_SIZE": ("32", "gen_batch_size", 32, {}),
+    "NUM_ITERATIONS": ("2", "num_iterations", 2, {}),
+    "SCALE_REWARDS": ("None", "scale_rewards", "none", {}),
+    "LOSS_TYPE": ("DAPO", "loss_type", "dapo", {}),
+    "BETA": ("0.04", "beta", 0.04, {}),
+    "EPSILON": ("0.1", "epsilon", 0.1, {}),
+    "EPSILON_HIGH": ("0.3", "epsilon_high", 0.3, {}),
+    "FORMAT_REWARD_WEIGHT": ("0.2", "format_reward_weight", 0.2, {}),
+    "CHECKPOINT_INTERVAL": ("5", "checkpoint_interval", 5, {}),
+    "KEEP_CHECKPOINTS": ("3", "keep_checkpoints", 3, {}),
+    "DEVICE": ("CUDA:1", "device", "cuda:1", {}),
+    "CPU_ONLY": ("yes", "cpu_only", True, {}),
+    "HUB_PUSH_INTERVAL": ("4", "hub_push_interval", 4, {}),
+    "HUB_REPO_ID": (" me/my-model ", "hub_repo_id", "me/my-model", {}),
 }
 
 
 def test_valid_table_covers_every_variable() -> None:
-    special = {"GDRIVE_PATH", "SWARM_LOCAL_DIR"}  # need real folders: tested below
+    special = {"GDRIVE_PATH", "SWARM_LOCAL_DIR", "MODEL_CACHE_DIR"}  # need real folders: tested below
     assert set(VALID) | special == {f.metadata["env"] for f in env_fields()}
 
 
@@ -147,11 +174,34 @@ def test_defaults(base: dict[str, str], tmp_path: Path, monkeypatch: pytest.Monk
         "coordinator_wait_timeout": 3600.0,
         "poll_interval_min": 0.5,
         "poll_interval_max": 10.0,
-        "workload": "synthetic",
+        "workload": "grpo",
         "synthetic_step_seconds": 0.01,
         "local_dir": str(tmp_path / ".cache" / "swarm-gdrive"),
+        "model_cache_dir": str(tmp_path / ".cache" / "swarm-gdrive" / "models"),
         "reset_experiment": False,
         "log_level": "INFO",
+        "tasks": None,
+        "task_config": None,
+        "max_new_tokens": 256,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "learning_rate": 1e-6,
+        "max_grad_norm": 1.0,
+        "micro_batch_size": 8,
+        "gen_batch_size": 64,
+        "num_iterations": 1,
+        "scale_rewards": "group",
+        "loss_type": "grpo",
+        "beta": 0.0,
+        "epsilon": 0.2,
+        "epsilon_high": 0.28,
+        "format_reward_weight": 0.0,
+        "checkpoint_interval": 10,
+        "keep_checkpoints": 2,
+        "device": "auto",
+        "cpu_only": False,
+        "hub_push_interval": 10,
+        "hub_repo_id": None,
     }
     actual = dataclasses.asdict(config)
     assert actual.pop("gdrive_path") == str(Path(base["GDRIVE_PATH"]).resolve())
@@ -189,7 +239,9 @@ def test_unknown_role(base: dict[str, str]) -> None:
     ("var", "raw", "choices"),
     [
         ("ROLLOUT_PUBLISH_FREQUENCY", "hourly", "generation, stage, round"),
-        ("WORKLOAD", "reasoning", "synthetic"),
+        ("WORKLOAD", "reasoning", "grpo, synthetic"),
+        ("LOSS_TYPE", "ppo", "grpo, bnpo, dr_grpo, dapo"),
+        ("SCALE_REWARDS", "std", "group, batch, none"),
         ("LOG_LEVEL", "verbose", "DEBUG, INFO, WARNING, ERROR"),
     ],
 )
@@ -434,7 +486,9 @@ def test_fingerprint_fields(base: dict[str, str]) -> None:
         "num_generations": 8,
         "num_transplant_trees": 0,
         "num_stages": 1,
-        "workload": "synthetic",
+        "workload": "grpo",
+        "tasks": None,
+        "task_config": None,
     }
 
 
@@ -444,3 +498,26 @@ def test_config_is_frozen(base: dict[str, str]) -> None:
         config.max_rounds = 5  # type: ignore[misc]
     assert config.max_rounds == 2000
     assert isinstance(config, Config)
+
+
+@pytest.mark.parametrize(
+    ("env", "var", "needle"),
+    [
+        ({"TASKS": "nosuch"}, "TASKS", "unknown task 'nosuch'"),
+        ({"TASKS": "chain_sum:-1"}, "TASKS", "not a positive number"),
+        ({"TASK_CONFIG": "[1]"}, "TASK_CONFIG", "expected a JSON object"),
+        ({"TASKS": "chain_sum", "TASK_CONFIG": '{"chain_sum": {"bogus": 1}}'}, "TASK_CONFIG", "valid keys"),
+        ({"TASKS": "countdown"}, "TASKS", "would run code written by other nodes"),
+    ],
+)
+def test_task_mix_errors_name_the_variable(base: dict[str, str], env: dict[str, str], var: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_env({**base, **env})
+    message = str(info.value)
+    assert info.value.var == var and message.startswith(f"{var}:") and needle in message
+    assert "\n" not in message
+
+
+def test_task_mix_is_not_checked_for_the_coordinator_or_synthetic(base: dict[str, str]) -> None:
+    assert from_env({**base, "TASKS": "nosuch", "NODE_ROLE": "coordinator"}).tasks == "nosuch"
+    assert from_env({**base, "TASKS": "nosuch", "WORKLOAD": "synthetic"}).tasks == "nosuch"

@@ -1,0 +1,222 @@
+"""The real workload: reasoning-gym questions, a model's batched completions, verifier scores, GRPO.
+
+It implements :class:`swarm_gdrive.workload.Workload` for the worker loop: ``generate``
+draws I questions seeded by (SEED, node, round, stage) and samples G completions each;
+``rescore`` regenerates another node's question from its provenance and scores its
+completions with the task's own verifier (the peer's answers and rewards are never used);
+``train`` runs one GRPO update on the I + J groups; ``end_round`` checkpoints when due.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from swarm_gdrive import checkpoint, grpo, hub
+from swarm_gdrive.config import Config
+from swarm_gdrive.layout import Layout
+from swarm_gdrive.models import load_model_and_tokenizer, resolve_model
+from swarm_gdrive.records import RolloutGroup
+from swarm_gdrive.sapo import ScoredGroup, rng_for
+from swarm_gdrive.storage import Storage
+from swarm_gdrive.tasks import TaskBank, build_messages, parse_task_mix
+from swarm_gdrive.trainer import PolicyTrainer, TrainGroup, TrainSettings, peak_memory_mb, pick_device
+from swarm_gdrive.workload import StageContext
+
+logger = logging.getLogger(__name__)
+
+
+def settings_from(config: Config) -> TrainSettings:
+    """The trainer's settings from the node's configuration."""
+    return TrainSettings(
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        learning_rate=config.learning_rate,
+        max_grad_norm=config.max_grad_norm,
+        micro_batch_size=config.micro_batch_size,
+        gen_batch_size=config.gen_batch_size,
+        num_iterations=config.num_iterations,
+        scale_rewards=config.scale_rewards,
+        loss=grpo.LossConfig(
+            loss_type=config.loss_type,
+            epsilon=config.epsilon,
+            epsilon_high=config.epsilon_high,
+            beta=config.beta,
+            max_completion_length=config.max_new_tokens,
+        ),
+    )
+
+
+def _stats(prefix: str, values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {
+        f"{prefix}_mean": statistics.fmean(values),
+        f"{prefix}_std": statistics.pstdev(values),
+        f"{prefix}_max": max(values),
+    }
+
+
+class GRPOWorkload:
+    """GRPO + SAPO on reasoning-gym with one model on one device."""
+
+    def __init__(self, config: Config, storage: Storage, node_id: str, stop: threading.Event) -> None:
+        self.config = config
+        self.storage = storage
+        self.node_id = node_id
+        self.layout = Layout(config.experiment_name)
+        self._stop = stop
+        self.device = pick_device(config.device, config.cpu_only)
+        self.bank = TaskBank(parse_task_mix(config.tasks, config.task_config), config.seed)
+        resolved = resolve_model(config.model_name, config.model_cache_dir)
+        started = time.monotonic()
+        token = config.huggingface_access_token
+        model, tokenizer = load_model_and_tokenizer(resolved.source, self.device, torch.float32, token)
+        reference = None
+        if config.beta > 0:
+            reference, _ = load_model_and_tokenizer(resolved.source, self.device, torch.float32, token)
+            reference.eval().requires_grad_(False)
+        self.trainer = PolicyTrainer(model, tokenizer, settings_from(config), self.device, reference)
+        logger.info(
+            "loaded %s (%s, %.1fM parameters) on %s in %.1f s",
+            config.model_name,
+            resolved.kind,
+            sum(p.numel() for p in model.parameters()) / 1e6,
+            self.device,
+            time.monotonic() - started,
+        )
+        self._local_ids: dict[str, tuple[list[int], list[list[int]]]] = {}
+        self._generation: dict[str, float] = {}
+        self._last_checkpoint: int | None = None
+        self.restored_digest: str | None = None
+
+    # -- Workload --------------------------------------------------------------------------
+
+    def generate(self, ctx: StageContext) -> Iterator[RolloutGroup]:
+        rng = rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="questions")
+        questions = self.bank.draw(self.config.num_train_samples, rng)
+        prompts = [self.trainer.prompt_ids(build_messages(q.question)) for q in questions]
+        seed = rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="sampling").randrange(2**31)
+        gen = self.trainer.generate(prompts, self.config.num_generations, seed)
+        self._generation = {
+            "gen/seconds": gen.seconds,
+            "gen/new_tokens": float(gen.new_tokens),
+            "gen/tokens_per_s": gen.new_tokens / gen.seconds if gen.seconds > 0 else 0.0,
+            "gen/peak_memory_mb": peak_memory_mb(self.device),
+        }
+        self._local_ids = {}
+        for i, (question, prompt, texts, ids) in enumerate(
+            zip(questions, prompts, gen.texts, gen.token_ids, strict=True)
+        ):
+            group_id = f"r{ctx.round}-s{ctx.stage}-g{i}"
+            self._local_ids[group_id] = (prompt, ids)
+            rewards = self.bank.score_group(question.entry, texts, self.config.format_reward_weight)
+            yield RolloutGroup(
+                group_id=group_id,
+                task=question.task,
+                question=question.question,
+                provenance=question.provenance,
+                completions=texts,
+                rewards=list(rewards),
+            )
+
+    def rescore(self, ctx: StageContext, group: RolloutGroup) -> tuple[float, ...] | None:
+        entry = self.bank.regenerate(group)
+        if entry is None:
+            return None
+        return tuple(self.bank.score_group(entry, group.completions, self.config.format_reward_weight))
+
+    def train(self, ctx: StageContext, local: list[ScoredGroup], external: list[ScoredGroup]) -> dict[str, float]:
+        groups = [self._local_group(g) for g in local] + [self._external_group(g) for g in external]
+        metrics = self.trainer.step(groups)
+        local_rewards = [r for g in local for r in g.rewards]
+        external_rewards = [r for g in external for r in g.rewards]
+        lengths = [len(c) for g in groups for c in g.completion_ids]
+        metrics.update(self._generation)
+        metrics.update(_stats("reward/local", local_rewards))
+        metrics.update(_stats("reward/external", external_rewards))
+        metrics.update(
+            {
+                "reward/local_accuracy": sum(r >= 1.0 for r in local_rewards) / max(len(local_rewards), 1),
+                "reward/local_zero_variance_fraction": sum(not g.has_variance for g in local) / max(len(local), 1),
+                "completion/length_mean": statistics.fmean(lengths) if lengths else 0.0,
+                "completion/length_max": float(max(lengths, default=0)),
+            }
+        )
+        return metrics
+
+    def _local_group(self, scored: ScoredGroup) -> TrainGroup:
+        prompt, ids = self._local_ids[scored.group.group_id]
+        return TrainGroup(prompt, ids, list(scored.rewards))
+
+    def _external_group(self, scored: ScoredGroup) -> TrainGroup:
+        prompt = self.trainer.prompt_ids(build_messages(scored.group.question))
+        ids = [self.trainer.completion_ids(text) for text in scored.group.completions]
+        return TrainGroup(prompt, ids, list(scored.rewards))
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def resume(self) -> int | None:
+        """Load this node's latest valid checkpoint, if any; returns its round."""
+        restored = checkpoint.load_latest(
+            self.storage, self.layout, self.node_id, Path(self.config.local_dir) / "restore" / self.node_id
+        )
+        if restored is None:
+            return None
+        from transformers import AutoModelForCausalLM
+
+        saved = AutoModelForCausalLM.from_pretrained(restored.folder, dtype=torch.float32, use_safetensors=True)
+        self.trainer.model.load_state_dict(saved.state_dict())
+        round_ = checkpoint.restore_training_state(restored.folder, self.trainer.optimizer)
+        self._last_checkpoint = round_
+        self.restored_digest = checkpoint.param_digest(self.trainer.model)
+        logger.info("resumed from checkpoint of round %d (parameters %s)", round_, self.restored_digest)
+        return round_
+
+    def end_round(self, round_: int, final: bool) -> dict[str, float]:
+        """Checkpoint every CHECKPOINT_INTERVAL rounds and at the end; push to the Hub when due."""
+        metrics: dict[str, float] = {}
+        due = (round_ + 1) % self.config.checkpoint_interval == 0 or final
+        if due and self._last_checkpoint != round_:
+            started = time.monotonic()
+            checkpoint.save(
+                self.storage,
+                self.layout,
+                self.node_id,
+                round_,
+                self.trainer.model,
+                self.trainer.tokenizer,
+                self.trainer.optimizer,
+                self.config.keep_checkpoints,
+            )
+            self._last_checkpoint = round_
+            metrics["checkpoint/seconds"] = time.monotonic() - started
+        token = self.config.huggingface_access_token
+        if token and ((round_ + 1) % self.config.hub_push_interval == 0 or final):
+            metrics["hub/pushed"] = float(
+                hub.push(
+                    self.trainer.model,
+                    self.trainer.tokenizer,
+                    token,
+                    self.config.hub_repo_id,
+                    self.config.experiment_name,
+                    self.node_id,
+                    round_,
+                )
+            )
+        return metrics
+
+    def close(self) -> None:
+        self._local_ids.clear()
+
+    @property
+    def model(self) -> Any:
+        return self.trainer.model

@@ -1,0 +1,397 @@
+"""reasoning-gym tasks: the task mix, drawing questions, regenerating peers' questions, prompts.
+
+A node draws questions from a :class:`TaskBank`: one procedural reasoning-gym dataset per task,
+all built with the experiment's dataset seed, so that a (task, config, seed, index)
+:class:`~swarm_gdrive.records.Provenance` names one question on every node. Which indices a node
+draws is decided by its own seeded ``random.Random`` (:func:`question_rng`), so nodes draw
+different questions and a restarted node draws the same ones.
+
+Another node's rollouts are scored only against an entry regenerated here from the
+provenance, and only if the provenance names a task, config and seed of this bank and the
+regenerated question text equals the group's (:meth:`TaskBank.regenerate`).
+
+Measured (reasoning-gym 0.1.25, 2-core CPU): ``import reasoning_gym`` 0.6-0.8 s (then this
+module 0.07 s); creating each paper task's dataset at ``DATASET_SIZE`` under 1 ms (0.9 ms for
+all nine); one entry 0.01-0.33 ms (bf the slowest); ``parse_task_mix`` plus ``TaskBank`` of the
+nine, entry 0 of each included, about 5 ms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import io
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import reasoning_gym
+from pydantic import ValidationError
+from reasoning_gym.dataset import ProceduralDataset
+from reasoning_gym.factory import DATASETS
+from reasoning_gym.utils import SYSTEM_PROMPTS
+
+from swarm_gdrive import rewards
+from swarm_gdrive.records import Provenance, RolloutGroup
+from swarm_gdrive.sapo import rng_for
+
+logger = logging.getLogger(__name__)
+
+#: The nine reasoning-gym tasks of the SAPO paper (arXiv 2509.08721, section 4), drawn with equal weight.
+PAPER_TASKS = (
+    "base_conversion",
+    "basic_arithmetic",
+    "arc_1d",
+    "bf",
+    "propositional_logic",
+    "fraction_simplification",
+    "decimal_arithmetic",
+    "calendar_arithmetic",
+    "binary_matrix",
+)
+
+#: Virtual size of every dataset: the range of indices drawn. reasoning-gym's procedural datasets
+#: build ``ds[i]`` on demand from ``Random(seed + i)``, so creation does not depend on the size.
+DATASET_SIZE = 1_000_000
+
+#: Tasks whose creation does depend on the size: acre precomputes every question (213 s at
+#: 1,000,000, 0.12 s at 500) and word_ladder refuses more than 20,000.
+SIZE_OVERRIDES = {"acre": 2_000, "word_ladder": 20_000}
+
+#: Tasks whose questions depend on Python's per-process hash seed (measured with reasoning-gym
+#: 0.1.25 under different PYTHONHASHSEED values): peers regenerate a different question and drop
+#: the group unless every node runs with the same PYTHONHASHSEED. None of the paper tasks.
+HASH_SEED_DEPENDENT_TASKS = frozenset(
+    {"isomorphic_strings", "knight_swap", "polynomial_multiplication", "ransom_note", "word_ladder"}
+)
+
+#: Config keys the bank sets itself.
+_RESERVED_KEYS = ("seed", "size")
+#: How many indices :meth:`TaskBank.draw` tries before giving up on a generator that keeps failing.
+_DRAW_ATTEMPTS = 10
+_LIST_TASKS_HINT = (
+    'list valid names with: python -c "import reasoning_gym; print(sorted(reasoning_gym.factory.DATASETS))"'
+)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task of the mix: a reasoning-gym dataset name, its draw weight and its config."""
+
+    name: str
+    weight: float
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Question:
+    """A drawn question: its task, text, the full reasoning-gym entry and its provenance."""
+
+    task: str
+    question: str
+    entry: dict[str, Any]
+    provenance: Provenance
+
+
+def dataset_size(name: str) -> int:
+    """The size a task's dataset is built with (:data:`DATASET_SIZE` unless overridden)."""
+    return SIZE_OVERRIDES.get(name, DATASET_SIZE)
+
+
+def question_rng(seed: int, node_id: str, round_: int, stage: int) -> random.Random:
+    """The generator that decides which questions a node draws in a stage."""
+    return rng_for(seed, node_id, round_, stage, purpose="questions")
+
+
+def parse_task_mix(tasks: str | None, task_config: str | None) -> tuple[TaskSpec, ...]:
+    """Parse TASKS (``"chain_sum:2,basic_arithmetic"``) and TASK_CONFIG (a JSON object per task).
+
+    TASKS None or blank means :data:`PAPER_TASKS`, weight 1 each. Every dataset is built once
+    here, so a config that reasoning-gym rejects fails now, with a ``ValueError`` whose one-line
+    message names the variable, the value and the fix.
+    """
+    weights = _parse_tasks(tasks)
+    configs = _parse_task_config(task_config, weights)
+    specs = tuple(TaskSpec(name, weight, configs.get(name, {})) for name, weight in weights.items())
+    for spec in specs:
+        _build(spec, seed=0)
+        if spec.name in HASH_SEED_DEPENDENT_TASKS:
+            logger.warning(
+                "task %s generates questions that depend on PYTHONHASHSEED: peers will drop its rollouts "
+                "unless every node runs with the same PYTHONHASHSEED",
+                spec.name,
+            )
+    return specs
+
+
+class TaskBank:
+    """The datasets of a task mix, built once with one dataset seed shared by the whole swarm."""
+
+    def __init__(self, specs: Sequence[TaskSpec], dataset_seed: int) -> None:
+        if not specs:
+            raise ValueError("TaskBank needs at least one TaskSpec")
+        if isinstance(dataset_seed, bool) or not isinstance(dataset_seed, int) or not 0 <= dataset_seed <= 2**63:
+            raise ValueError(f"dataset_seed must be an integer in [0, 2**63], got {dataset_seed!r}")
+        names = [spec.name for spec in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"TaskBank: each task may appear once, got {names}")
+        self.specs = tuple(specs)
+        self.dataset_seed = dataset_seed
+        self._specs = {spec.name: spec for spec in self.specs}
+        self._config_keys = {spec.name: _canonical(spec.config) for spec in self.specs}
+        self._weights = [spec.weight for spec in self.specs]
+        self._datasets: dict[str, ProceduralDataset] = {}
+        started = time.perf_counter()
+        for spec in self.specs:
+            _check_weight(spec.name, spec.weight)
+            self._datasets[spec.name] = _build(spec, seed=dataset_seed)
+        logger.info(
+            "built %d reasoning-gym datasets (%s) in %.2f s",
+            len(self.specs),
+            ", ".join(names),
+            time.perf_counter() - started,
+        )
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """The task names, in mix order."""
+        return tuple(self._specs)
+
+    def dataset(self, task: str) -> ProceduralDataset:
+        """The dataset of one task of this bank."""
+        return self._datasets[task]
+
+    def provenance_of(self, task: str, index: int) -> Provenance:
+        """What names question ``index`` of ``task`` on every node."""
+        return Provenance(dataset=task, config=self._specs[task].config, seed=self.dataset_seed, index=index)
+
+    def question(self, task: str, index: int) -> Question:
+        """Question ``index`` of ``task``."""
+        if not 0 <= index < dataset_size(task):
+            raise IndexError(f"index {index} out of range for {task} (size {dataset_size(task)})")
+        entry = _generate(self._datasets[task], index)
+        return Question(task, entry["question"], entry, self.provenance_of(task, index))
+
+    def draw(self, n: int, rng: random.Random) -> list[Question]:
+        """``n`` questions: a task by weight, then a uniform index; the same ``rng`` state gives the same list."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        return [self._draw_one(rng) for _ in range(n)]
+
+    def regenerate(self, group: RolloutGroup) -> dict[str, Any] | None:
+        """The locally generated entry for a peer's group, or None when the group cannot be trusted.
+
+        Accepted only if the provenance names a task of this bank with exactly its config and
+        seed, the index is in range, and the regenerated question text equals the group's.
+        Nothing is built from a peer's config: the peer can only point at questions this bank has.
+        """
+        entry, reason = self._regenerate(group)
+        if entry is None:
+            logger.debug("dropping group %s (%s): %s", group.group_id, group.task, reason)
+        return entry
+
+    def score_group(
+        self, entry: dict[str, Any], completions: Sequence[str], format_weight: float = 0.0
+    ) -> tuple[float, ...]:
+        """Rewards of ``completions`` against a locally generated ``entry``, one per completion."""
+        task = entry.get("metadata", {}).get("source_dataset")
+        if task not in self._datasets:
+            raise ValueError(f"entry of task {task!r} does not come from this bank (tasks: {', '.join(self.tasks)})")
+        dataset = self._datasets[task]
+        return tuple(rewards.score(dataset, entry, completion, format_weight) for completion in completions)
+
+    def _draw_one(self, rng: random.Random) -> Question:
+        (spec,) = rng.choices(self.specs, weights=self._weights)
+        for attempt in range(_DRAW_ATTEMPTS):
+            index = rng.randrange(dataset_size(spec.name))
+            try:
+                return self.question(spec.name, index)
+            except Exception as exc:  # a generator that fails on one index should not stop a worker
+                logger.warning("%s failed to generate index %d (attempt %d): %r", spec.name, index, attempt + 1, exc)
+        raise RuntimeError(f"{spec.name}: {_DRAW_ATTEMPTS} indices in a row failed to generate")
+
+    def _regenerate(self, group: RolloutGroup) -> tuple[dict[str, Any] | None, str]:
+        prov = group.provenance
+        spec = self._specs.get(prov.dataset)
+        if spec is None or group.task != prov.dataset:
+            return None, f"task {prov.dataset!r} (group says {group.task!r}) is not in this node's mix"
+        if _canonical(prov.config) != self._config_keys[spec.name]:
+            return None, f"config {prov.config} differs from this node's {spec.config}"
+        if prov.seed != self.dataset_seed:
+            return None, f"seed {prov.seed} differs from this node's {self.dataset_seed}"
+        if not 0 <= prov.index < dataset_size(spec.name):
+            return None, f"index {prov.index} is out of range (size {dataset_size(spec.name)})"
+        try:
+            entry = _generate(self._datasets[spec.name], prov.index)
+        except Exception as exc:
+            return None, f"index {prov.index} failed to generate: {exc!r}"
+        if entry["question"] != group.question:
+            logger.warning(
+                "group %s claims a question that %s[%d] does not have", group.group_id, spec.name, prov.index
+            )
+            return None, "question text differs from the regenerated one"
+        return entry, ""
+
+
+def system_prompt() -> str:
+    """reasoning-gym's default system prompt: think step by step, answer in ``<answer></answer>``."""
+    return SYSTEM_PROMPTS["default"]
+
+
+def build_messages(question: str) -> list[dict[str, str]]:
+    """Chat messages (system prompt, then the question as the user turn) for a tokenizer's chat template."""
+    return [{"role": "system", "content": system_prompt()}, {"role": "user", "content": question}]
+
+
+def plain_prompt(question: str) -> str:
+    """The same prompt as plain text, for a model without a chat template; the model continues after ``Answer:``."""
+    return f"{system_prompt().rstrip()}\n\nQuestion: {question}\n\nAnswer:"
+
+
+def _generate(dataset: ProceduralDataset, index: int) -> dict[str, Any]:
+    # bf's compiler prints a "." per question to stdout, which would flood a worker's console.
+    # redirect_stdout swaps sys.stdout process-wide for the milliseconds of generation.
+    with contextlib.redirect_stdout(io.StringIO()):
+        return dataset[index]
+
+
+def _canonical(config: dict[str, Any]) -> str:
+    # json, not ==: True == 1 == 1.0 in Python, but they are different configs for a generator.
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def _is_scalar(value: object) -> bool:
+    return value is None or isinstance(value, bool | int | str) or (isinstance(value, float) and math.isfinite(value))
+
+
+def _one_line(text: object, limit: int = 200) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def _parse_tasks(tasks: str | None) -> dict[str, float]:
+    if tasks is None or not tasks.strip():
+        return dict.fromkeys(PAPER_TASKS, 1.0)
+    weights: dict[str, float] = {}
+    for item in tasks.split(","):
+        name, sep, weight_text = (part.strip() for part in item.partition(":"))
+        if not name:
+            raise ValueError(
+                f"TASKS: empty entry in {tasks!r}; write comma-separated names like 'chain_sum:2,basic_arithmetic'"
+            )
+        _check_name(name)
+        weight = _parse_weight(name, weight_text) if sep else 1.0
+        if name in weights:
+            raise ValueError(
+                f"TASKS: task {name!r} appears twice in {tasks!r}; list it once and give it a weight (name:2)"
+            )
+        weights[name] = weight
+    return weights
+
+
+def _parse_weight(name: str, text: str) -> float:
+    try:
+        weight = float(text)
+    except ValueError:
+        weight = math.nan
+    _check_weight(name, weight, text)
+    return weight
+
+
+def _check_weight(name: str, weight: float, text: str | None = None) -> None:
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight) or weight <= 0:
+        shown = repr(text) if text is not None else repr(weight)
+        raise ValueError(
+            f"TASKS: weight {shown} of task {name!r} is not a positive number; "
+            f"write name:weight with a weight > 0, e.g. '{name}:2', or leave the task out"
+        )
+
+
+def _check_name(name: str) -> None:
+    if name in rewards.UNSAFE_VERIFIER_TASKS:
+        raise ValueError(
+            f"TASKS: task {name!r} is not allowed: its verifier passes answer text to sympy.parse_expr (eval), "
+            "which would run code written by other nodes; choose another task"
+        )
+    if name not in DATASETS or name == "composite":
+        close = difflib.get_close_matches(name, [n for n in DATASETS if n != "composite"], n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise ValueError(f"TASKS: unknown task {name!r}; {hint}{_LIST_TASKS_HINT}")
+
+
+def _parse_task_config(task_config: str | None, weights: dict[str, float]) -> dict[str, dict[str, Any]]:
+    if task_config is None or not task_config.strip():
+        return {}
+    example = 'write a JSON object like \'{"chain_sum": {"min_terms": 2, "max_terms": 2}}\''
+    try:
+        raw = json.loads(task_config)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"TASK_CONFIG: not valid JSON ({exc.msg} at column {exc.colno}) in {_one_line(task_config)!r}; {example}"
+        ) from None
+    if not isinstance(raw, dict):
+        raise ValueError(
+            f"TASK_CONFIG: expected a JSON object of task name to config, got {type(raw).__name__} "
+            f"{_one_line(task_config)!r}; {example}"
+        )
+    for name, config in raw.items():
+        if name not in weights:
+            raise ValueError(
+                f"TASK_CONFIG: config for {name!r}, which is not in TASKS ({', '.join(weights)}); "
+                "add the task to TASKS or remove its config"
+            )
+        if not isinstance(config, dict):
+            raise ValueError(
+                f"TASK_CONFIG: config of {name!r} must be a JSON object, got {_one_line(json.dumps(config))}; {example}"
+            )
+    return raw
+
+
+def _build(spec: TaskSpec, seed: int) -> ProceduralDataset:
+    """Build a task's dataset and its entry 0; ValueError for a config peers cannot share or reasoning-gym rejects."""
+    _check_name(spec.name)
+    for key, value in spec.config.items():
+        if not (_is_scalar(value) or (isinstance(value, list) and all(_is_scalar(v) for v in value))):
+            raise ValueError(
+                f"TASK_CONFIG: {spec.name}.{key} = {_one_line(json.dumps(value))} cannot be shared with peers; "
+                "use numbers, strings, booleans, null and flat lists of them"
+            )
+    try:
+        Provenance(dataset=spec.name, config=spec.config, seed=seed, index=0)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = _one_line(".".join(map(str, first["loc"])), 80)
+        raise ValueError(
+            f"TASK_CONFIG: config of {spec.name!r} cannot be shared with peers ({where}: {first['msg']}); "
+            "use at most 64 keys of at most 128 characters"
+        ) from None
+    for key in _RESERVED_KEYS:
+        if key in spec.config:
+            raise ValueError(
+                f"TASK_CONFIG: config of {spec.name!r} sets {key!r}, which the swarm sets itself "
+                "(seed from the experiment seed, size fixed); remove it"
+            )
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            dataset = reasoning_gym.create_dataset(spec.name, size=dataset_size(spec.name), seed=seed, **spec.config)
+            dataset[0]  # some generators fail only when asked for an entry
+            return dataset
+    except Exception as exc:  # reasoning-gym validates with assert, TypeError and ValueError alike
+        config_cls = DATASETS[spec.name][1]
+        keys = ", ".join(f.name for f in dataclasses.fields(config_cls) if f.name not in _RESERVED_KEYS)
+        if not spec.config:
+            raise ValueError(
+                f"TASKS: task {spec.name!r} cannot be built with its default config "
+                f"({type(exc).__name__}: {_one_line(exc)}); give it a config in TASK_CONFIG (keys: {keys}) "
+                "or choose another task"
+            ) from None
+        raise ValueError(
+            f"TASK_CONFIG: reasoning-gym rejected the config of {spec.name!r} {_one_line(_canonical(spec.config))} "
+            f"({type(exc).__name__}: {_one_line(exc)}); valid keys: {keys}"
+        ) from None

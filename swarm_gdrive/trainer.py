@@ -1,0 +1,312 @@
+"""The policy: batched generation and the GRPO update of one model on one device.
+
+Generation puts all I prompts x G completions into as few ``generate`` calls as
+GEN_BATCH_SIZE allows (``num_return_sequences=G``), never one call per completion. The
+update is TRL's GRPO loss (:mod:`swarm_gdrive.grpo`) over micro-batches with exact
+gradient accumulation, gradient clipping and AdamW. The model stays in float32; on a GPU
+the forward passes run under bfloat16 autocast where the GPU supports it, so that small
+updates are not lost to bfloat16 weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from swarm_gdrive import grpo
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Generation and optimisation settings; names follow TRL's GRPOConfig."""
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    learning_rate: float = 1e-6
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 8
+    gen_batch_size: int = 64
+    num_iterations: int = 1
+    scale_rewards: str = "group"
+    loss: grpo.LossConfig = grpo.LossConfig()
+
+
+@dataclass(frozen=True)
+class Generation:
+    """G completions for each prompt, as text and token ids (eos included when the model stopped)."""
+
+    texts: list[list[str]]
+    token_ids: list[list[list[int]]]
+    new_tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class TrainGroup:
+    """One group for the update: a prompt and its completions with locally computed rewards."""
+
+    prompt_ids: list[int]
+    completion_ids: list[list[int]]
+    rewards: list[float]
+
+
+def pick_device(requested: str, cpu_only: bool) -> torch.device:
+    """DEVICE (auto | cpu | cuda | cuda:N) and CPU_ONLY to a torch device; explicit, never a device_map."""
+    if cpu_only or requested == "cpu":
+        return torch.device("cpu")
+    if requested == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"DEVICE={requested!r}: CUDA is not available here; use DEVICE=cpu or CPU_ONLY=true")
+    device = torch.device(requested)
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise RuntimeError(f"DEVICE={requested!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return device
+
+
+def ragged_advantages(rewards: list[list[float]], scale_rewards: str) -> list[list[float]]:
+    """:func:`grpo.group_advantages` for groups that may differ in size (nodes may use different G)."""
+    sizes = {len(r) for r in rewards}
+    if len(sizes) == 1:
+        return grpo.group_advantages(torch.tensor(rewards, dtype=torch.float32), scale_rewards).tolist()
+    if scale_rewards != "batch":
+        return [
+            grpo.group_advantages(torch.tensor([r], dtype=torch.float32), scale_rewards)[0].tolist() for r in rewards
+        ]
+    flat = torch.tensor([x for r in rewards for x in r], dtype=torch.float32)
+    std = flat.std() if flat.numel() > 1 else torch.tensor(0.0)
+    return [((torch.tensor(r) - torch.tensor(r).mean()) / (std + grpo.STD_EPSILON)).tolist() for r in rewards]
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of this process: CUDA allocations on a GPU, resident set size on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024
+
+
+class PolicyTrainer:
+    """A causal LM, its tokenizer and optimizer, on one explicit device."""
+
+    def __init__(
+        self, model: Any, tokenizer: Any, settings: TrainSettings, device: torch.device, reference_model: Any = None
+    ) -> None:
+        if settings.loss.beta > 0 and reference_model is None:
+            raise ValueError("BETA > 0 needs a frozen reference model")
+        self.model = model
+        self.reference_model = reference_model
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.device = device
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=settings.learning_rate
+        )
+        use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        self._autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_bf16 else nullcontext
+        self.eos_ids = self._eos_ids()
+
+    def _eos_ids(self) -> set[int]:
+        ids = {self.tokenizer.eos_token_id}
+        configured = self.model.generation_config.eos_token_id
+        ids.update(configured if isinstance(configured, list) else [configured])
+        return {i for i in ids if i is not None}
+
+    # -- prompts ---------------------------------------------------------------------------
+
+    def prompt_ids(self, messages: list[dict[str, str]], assistant_prefix: str = "") -> list[int]:
+        """The chat template's prompt (or a plain one for a model without a template)."""
+        if getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        else:
+            text = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages) + "Assistant:"
+        return self.tokenizer(text + assistant_prefix, add_special_tokens=False)["input_ids"]
+
+    def completion_ids(self, text: str) -> list[int]:
+        """Token ids of a completion known only as text (another node's).
+
+        A completion shorter than MAX_NEW_TOKENS ended on its own, so it gets the eos the model
+        emitted; a longer one was cut and gets none.
+        """
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][: self.settings.max_new_tokens]
+        if len(ids) < self.settings.max_new_tokens and self.tokenizer.eos_token_id is not None:
+            ids.append(self.tokenizer.eos_token_id)
+        return ids
+
+    # -- generation ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], num_generations: int, seed: int) -> Generation:
+        """G sampled completions per prompt, in batches of at most GEN_BATCH_SIZE sequences."""
+        started = time.monotonic()
+        self.model.eval()
+        torch.manual_seed(seed)
+        per_call = max(1, self.settings.gen_batch_size // num_generations)
+        texts: list[list[str]] = []
+        ids: list[list[list[int]]] = []
+        new_tokens = 0
+        for start in range(0, len(prompts), per_call):
+            chunk = prompts[start : start + per_call]
+            batch = self.tokenizer.pad({"input_ids": chunk}, padding=True, return_tensors="pt").to(self.device)
+            with self._autocast():
+                out = self.model.generate(
+                    **batch,
+                    do_sample=True,
+                    temperature=self.settings.temperature,
+                    top_p=self.settings.top_p,
+                    max_new_tokens=self.settings.max_new_tokens,
+                    num_return_sequences=num_generations,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                )
+            completions = out[:, batch["input_ids"].shape[1] :].tolist()
+            for p in range(len(chunk)):
+                group = [self._trim(c) for c in completions[p * num_generations : (p + 1) * num_generations]]
+                new_tokens += sum(len(c) for c in group)
+                ids.append(group)
+                texts.append([self.tokenizer.decode(c, skip_special_tokens=True) for c in group])
+        return Generation(texts, ids, new_tokens, time.monotonic() - started)
+
+    def _trim(self, tokens: list[int]) -> list[int]:
+        """Cut at the first eos (kept); what follows is padding."""
+        for i, token in enumerate(tokens):
+            if token in self.eos_ids:
+                return tokens[: i + 1]
+        return tokens
+
+    # -- update ----------------------------------------------------------------------------
+
+    def step(self, groups: list[TrainGroup]) -> dict[str, float]:
+        """One GRPO update (NUM_ITERATIONS optimizer steps) on ``groups``; returns ``train/…`` metrics."""
+        started = time.monotonic()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        advantages = ragged_advantages([g.rewards for g in groups], self.settings.scale_rewards)
+        seqs = [
+            (g.prompt_ids, c, a)
+            for g, adv in zip(groups, advantages, strict=True)
+            for c, a in zip(g.completion_ids, adv, strict=True)
+            if c
+        ]
+        beta = self.settings.loss.beta
+        total_seqs = len(seqs)
+        total_tokens = sum(len(c) for _, c, _ in seqs)
+        # Sequences with zero advantage contribute nothing when beta = 0: skip their compute, keep them counted.
+        active = [s for s in seqs if beta > 0 or abs(s[2]) > 0]
+        metrics: dict[str, float] = {"train/sequences": float(total_seqs), "train/active_sequences": float(len(active))}
+        if not active:
+            metrics.update({"train/skipped_no_signal": 1.0, "train/step_s": time.monotonic() - started})
+            return metrics
+        active.sort(key=lambda s: len(s[0]) + len(s[1]))
+        micro = [
+            active[i : i + self.settings.micro_batch_size]
+            for i in range(0, len(active), self.settings.micro_batch_size)
+        ]
+        batches = [self._collate(m) for m in micro]
+        old = self._old_logps(batches) if self.settings.num_iterations > 1 else [None] * len(batches)
+        ref = self._ref_logps(batches) if beta > 0 else [None] * len(batches)
+        self.model.train()
+        sums: dict[str, float] = {}
+        loss_total = grad_norm = 0.0
+        for _ in range(self.settings.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss_total = 0.0
+            for batch, old_lp, ref_lp in zip(batches, old, ref, strict=True):
+                with self._autocast():
+                    logps = grpo.per_token_logps(
+                        self.model,
+                        batch["input_ids"],
+                        batch["attention_mask"],
+                        batch["logits_to_keep"],
+                        self.settings.temperature,
+                    )
+                out = grpo.grpo_loss(
+                    logps,
+                    batch["advantages"],
+                    batch["completion_mask"],
+                    self.settings.loss,
+                    old_per_token_logps=old_lp,
+                    ref_per_token_logps=ref_lp,
+                    num_items_in_batch=total_tokens,
+                )
+                weight = grpo.accumulation_weight(
+                    self.settings.loss, batch["n"], batch["tokens"], total_seqs, total_tokens
+                )
+                (out.loss * weight).backward()
+                loss_total += float(out.loss.detach()) * weight
+                for key, value in out.metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value * batch["n"] / len(active)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.max_grad_norm))
+            self.optimizer.step()
+        seconds = time.monotonic() - started
+        tokens = sum(b["tokens"] + b["prompt_tokens"] for b in batches) * self.settings.num_iterations
+        metrics.update(
+            {
+                "train/loss": loss_total,
+                "train/grad_norm": grad_norm,
+                "train/step_s": seconds,
+                "train/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+                "train/peak_memory_mb": peak_memory_mb(self.device),
+                **{f"train/{k.replace('/', '_')}": v / self.settings.num_iterations for k, v in sums.items()},
+            }
+        )
+        return metrics
+
+    def _collate(self, seqs: list[tuple[list[int], list[int], float]]) -> dict[str, Any]:
+        """Left-padded prompts followed by right-padded completions, as TRL lays them out."""
+        pad = self.tokenizer.pad_token_id
+        p_len = max(len(p) for p, _, _ in seqs)
+        c_len = max(len(c) for _, c, _ in seqs)
+        input_ids, attention, completion_mask = [], [], []
+        for p, c, _ in seqs:
+            input_ids.append([pad] * (p_len - len(p)) + p + c + [pad] * (c_len - len(c)))
+            attention.append([0] * (p_len - len(p)) + [1] * (len(p) + len(c)) + [0] * (c_len - len(c)))
+            completion_mask.append([1] * len(c) + [0] * (c_len - len(c)))
+        to = {"device": self.device}
+        return {
+            "input_ids": torch.tensor(input_ids, **to),
+            "attention_mask": torch.tensor(attention, **to),
+            "completion_mask": torch.tensor(completion_mask, **to),
+            "advantages": torch.tensor([a for _, _, a in seqs], dtype=torch.float32, **to),
+            "logits_to_keep": c_len,
+            "n": len(seqs),
+            "tokens": sum(len(c) for _, c, _ in seqs),
+            "prompt_tokens": sum(len(p) for p, _, _ in seqs),
+        }
+
+    @torch.no_grad()
+    def _old_logps(self, batches: list[dict[str, Any]]) -> list[Tensor]:
+        """Log-probs of the policy that generated (before any step), for NUM_ITERATIONS > 1."""
+        self.model.eval()
+        with self._autocast():
+            return [
+                grpo.per_token_logps(
+                    self.model, b["input_ids"], b["attention_mask"], b["logits_to_keep"], self.settings.temperature
+                )
+                for b in batches
+            ]
+
+    @torch.no_grad()
+    def _ref_logps(self, batches: list[dict[str, Any]]) -> list[Tensor]:
+        """Log-probs of the frozen reference, loaded only when BETA > 0."""
+        with self._autocast():
+            return [
+                grpo.per_token_logps(
+                    self.reference_model,
+                    b["input_ids"],
+                    b["attention_mask"],
+                    b["logits_to_keep"],
+                    self.settings.temperature,
+                )
+                for b in batches
+            ]

@@ -1,0 +1,143 @@
+"""GRPO + SAPO with a tiny real model: a coordinator and 2 workers as real processes, and resume."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from swarm_gdrive.layout import Layout
+from swarm_gdrive.procs import NodeProcess, stop_all
+from swarm_gdrive.records import EventRecord, MetricRecord, RewardRecord, decode, decode_lines
+from swarm_gdrive.tiny_model import build_tiny_model, teach_answer_format
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+LAYOUT = Layout("train")
+N_LOCAL, N_GEN, N_EXT = 4, 4, 1
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return teach_answer_format(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+def training_env(folder: Path, model: Path, **extra: object) -> dict[str, str]:
+    env = {
+        "GDRIVE_PATH": str(folder),
+        "EXPERIMENT_NAME": "train",
+        "SWARM_LOCAL_DIR": str(folder.parent / "local"),
+        "MODEL_NAME": str(model),
+        "WORKLOAD": "grpo",
+        "TASKS": "basic_arithmetic",
+        "TASK_CONFIG": '{"basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}',
+        "NUM_TRAIN_SAMPLES": str(N_LOCAL),
+        "NUM_GENERATIONS": str(N_GEN),
+        "NUM_TRANSPLANT_TREES": str(N_EXT),
+        "FORMAT_REWARD_WEIGHT": "0.5",
+        "MAX_NEW_TOKENS": "12",
+        "LEARNING_RATE": "1e-4",
+        "CHECKPOINT_INTERVAL": "1",
+        "DEVICE": "cpu",
+        "OMP_NUM_THREADS": "1",
+        "HEARTBEAT_INTERVAL": "0.5",
+        "LIVENESS_TIMEOUT": "120",
+        "POLL_INTERVAL_MIN": "0.05",
+        "POLL_INTERVAL_MAX": "0.5",
+        "COORDINATOR_ROUND_INTERVAL": "300",
+        "ROLLOUT_WAIT_TIMEOUT": "120",
+    }
+    return {**env, **{k: str(v) for k, v in extra.items()}}
+
+
+def wait_until(predicate, timeout: float, what: str, nodes: list[NodeProcess]) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {n.name}\n" + "\n".join(n.lines[-20:]) for n in nodes)
+            raise AssertionError(f"timed out waiting for {what}\n{logs}")
+        time.sleep(0.05)
+
+
+def test_two_workers_train_on_local_and_external_groups(tmp_path, model_dir):
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = training_env(folder, model_dir, MAX_ROUNDS=3, MIN_WORKERS=2)
+    nodes = [NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"})]
+    nodes += [NodeProcess(w, {**env, "NODE_ID": w}) for w in ("w1", "w2")]
+    try:
+        codes = {n.name: n.wait(timeout=300) for n in nodes}
+    finally:
+        stop_all([n for n in nodes if n.returncode is None], timeout=5)
+    assert codes == {"coordinator": 0, "w1": 0, "w2": 0}, [n.lines[-10:] for n in nodes]
+
+    initial = load_file(str(model_dir / "model.safetensors"))
+    for w in ("w1", "w2"):
+        final = load_file(str(folder / LAYOUT.checkpoint_dir(w, 2) / "model.safetensors"))
+        unchanged = [name for name, tensor in initial.items() if torch.equal(tensor, final[name])]
+        assert not unchanged, f"{w}: parameters that never changed: {unchanged}"
+
+        metrics, problems = decode_lines((folder / LAYOUT.metrics_file(w)).read_bytes(), MetricRecord)
+        assert not problems
+        stages = {m.round: m.values for m in metrics if "swarm/local_groups" in m.values}
+        assert sorted(stages) == [0, 1, 2]
+        for round_, v in stages.items():
+            assert v["swarm/local_groups"] == N_LOCAL, (w, round_, v)
+            assert v["swarm/external_used"] == N_EXT, (w, round_, v)
+            assert v["train/sequences"] == (N_LOCAL + N_EXT) * N_GEN, (w, round_, v)
+            for key in (
+                "train/loss",
+                "train/grad_norm",
+                "gen/tokens_per_s",
+                "train/tokens_per_s",
+                "train/peak_memory_mb",
+                "reward/local_mean",
+                "reward/local_accuracy",
+                "reward/local_zero_variance_fraction",
+                "completion/length_mean",
+                "train/step_s",
+            ):
+                assert key in v, (w, round_, key)
+        for round_ in range(3):
+            reward = decode((folder / LAYOUT.reward_file(round_, 0, w)).read_bytes(), RewardRecord)
+            assert reward.num_local_groups == N_LOCAL and reward.num_external_groups == N_EXT
+
+
+def test_a_killed_worker_resumes_from_its_checkpoint_at_the_next_round(tmp_path, model_dir):
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = training_env(folder, model_dir, MAX_ROUNDS=4, MIN_WORKERS=1, NUM_TRANSPLANT_TREES=0)
+    coordinator = NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"})
+    worker = NodeProcess("w1", {**env, "NODE_ID": "w1"})
+    nodes = [coordinator, worker]
+    try:
+        manifest = folder / LAYOUT.checkpoint_dir("w1", 1) / "checkpoint.json"
+        wait_until(manifest.exists, 240, "the round-1 checkpoint", nodes)
+        worker.kill()
+        saved = load_file(str(manifest.parent / "model.safetensors"))
+        again = NodeProcess("w1-restarted", {**env, "NODE_ID": "w1"})
+        nodes.append(again)
+        assert again.wait(timeout=300) == 0, again.lines[-20:]
+        assert coordinator.wait(timeout=60) == 0
+    finally:
+        stop_all([n for n in nodes if n.returncode is None], timeout=5)
+
+    events, _ = decode_lines((folder / LAYOUT.events_file("w1")).read_bytes(), EventRecord)
+    (resumed,) = [e for e in events if e.event == "resumed_from_checkpoint"]
+    latest = resumed.data["checkpoint_round"]
+    assert latest >= 1
+    if latest == 1:  # the kill came before a later checkpoint: the restored weights are exactly round 1's
+        from swarm_gdrive.checkpoint import param_digest
+
+        class Holder(torch.nn.Module):
+            def state_dict(self, *args, **kwargs):
+                return saved
+
+        assert resumed.data["params"] == param_digest(Holder())
+    metrics, _ = decode_lines((folder / LAYOUT.metrics_file("w1")).read_bytes(), MetricRecord)
+    after = [m.round for m in metrics if m.ts > resumed.ts and "swarm/local_groups" in m.values]
+    assert after and after[0] == latest + 1, after
+    for round_ in range(4):
+        assert (folder / LAYOUT.reward_file(round_, 0, "w1")).exists()
