@@ -19,7 +19,8 @@ setup(
     python_requires=">=3.10",
     install_requires=requirements,
     extras_require={
-        "test": ["pytest>=8", "ruff>=0.6"],
+        # trl: the reference GRPO implementation the loss is tested against (not needed at run time).
+        "test": ["pytest>=8", "ruff>=0.6", "trl>=1.16,<2", "accelerate>=1.0", "datasets>=3"],
     },
     entry_points={"console_scripts": ["swarm-gdrive=swarm_gdrive.cli:main"]},
 )

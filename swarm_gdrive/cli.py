@@ -29,17 +29,19 @@ def _cmd_env(_args: argparse.Namespace) -> int:
     return 0
 
 
-#: The demo's training settings, chosen for a signal on SmolLM2-135M within minutes on 2 CPU cores:
-#: the easiest settings of two arithmetic tasks, a format reward (the model rarely writes the
-#: answer tag unprompted, so without it every group has zero variance), short completions.
+#: The demo's training settings, chosen for a learning signal on SmolLM2-135M within minutes on 2
+#: CPU cores (see the README's table): the easiest settings of two arithmetic tasks, the assistant's
+#: turn opened with <answer> (the model rarely writes the tag unprompted, so strict scoring gives every
+#: group zero variance), lenient extraction as a fallback, short completions.
 DEMO_TRAINING = {
     "TASKS": "chain_sum,basic_arithmetic",
     "TASK_CONFIG": '{"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}, '
     '"basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}',
-    "FORMAT_REWARD_WEIGHT": "0.5",
-    "NUM_TRAIN_SAMPLES": "2",
+    "ANSWER_PREFIX": "true",
+    "ANSWER_EXTRACTION": "lenient",
+    "NUM_TRAIN_SAMPLES": "4",
     "NUM_GENERATIONS": "4",
-    "MAX_NEW_TOKENS": "48",
+    "MAX_NEW_TOKENS": "24",
     "TEMPERATURE": "0.7",
     "LEARNING_RATE": "5e-6",
     "CHECKPOINT_INTERVAL": "1000",

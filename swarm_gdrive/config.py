@@ -47,6 +47,9 @@ FINGERPRINT_FIELDS = (
     "workload",
     "tasks",
     "task_config",
+    "answer_extraction",
+    "answer_prefix",
+    "format_reward_weight",
 )
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -305,6 +308,20 @@ class Config:
         None,
         'Per-task difficulty as a JSON object, e.g. {"chain_sum": {"min_terms": 2, "max_terms": 2}}.',
         _parse_optional_text,
+    )
+    answer_extraction: str = _env(
+        "ANSWER_EXTRACTION",
+        "strict",
+        "strict: only the last <answer>...</answer> is scored (the paper). lenient: without a tag, the last "
+        "number in the completion is scored (gives small models a learning signal).",
+        _parse_choice(("strict", "lenient")),
+    )
+    answer_prefix: bool = _env(
+        "ANSWER_PREFIX",
+        False,
+        "Open the assistant's turn with '<answer>' so that the model answers in the tag (small models "
+        "rarely write it unprompted). The prefix is part of the shared and trained completion.",
+        _parse_bool,
     )
     max_new_tokens: int = _env(
         "MAX_NEW_TOKENS", 256, "Longest completion, tokens (TRL max_completion_length).", _parse_int(1)

@@ -24,6 +24,7 @@ from swarm_gdrive.config import Config
 from swarm_gdrive.layout import Layout
 from swarm_gdrive.models import load_model_and_tokenizer, resolve_model
 from swarm_gdrive.records import RolloutGroup
+from swarm_gdrive.rewards import ANSWER_OPEN
 from swarm_gdrive.sapo import ScoredGroup, rng_for
 from swarm_gdrive.storage import Storage
 from swarm_gdrive.tasks import TaskBank, build_messages, parse_task_mix
@@ -103,7 +104,9 @@ class GRPOWorkload:
     def generate(self, ctx: StageContext) -> Iterator[RolloutGroup]:
         rng = rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="questions")
         questions = self.bank.draw(self.config.num_train_samples, rng)
-        prompts = [self.trainer.prompt_ids(build_messages(q.question)) for q in questions]
+        prefix = ANSWER_OPEN if self.config.answer_prefix else ""
+        prefix_ids = self.trainer.tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
+        prompts = [self.trainer.prompt_ids(build_messages(q.question), prefix) for q in questions]
         seed = rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="sampling").randrange(2**31)
         gen = self.trainer.generate(prompts, self.config.num_generations, seed)
         self._generation = {
@@ -113,26 +116,31 @@ class GRPOWorkload:
             "gen/peak_memory_mb": peak_memory_mb(self.device),
         }
         self._local_ids = {}
-        for i, (question, prompt, texts, ids) in enumerate(
-            zip(questions, prompts, gen.texts, gen.token_ids, strict=True)
-        ):
+        for i, (question, generated, ids) in enumerate(zip(questions, gen.texts, gen.token_ids, strict=True)):
             group_id = f"r{ctx.round}-s{ctx.stage}-g{i}"
-            self._local_ids[group_id] = (prompt, ids)
-            rewards = self.bank.score_group(question.entry, texts, self.config.format_reward_weight)
+            # A forced prefix is part of the completion that is shared, scored and trained on.
+            texts = [prefix + text for text in generated]
+            prompt = self.trainer.prompt_ids(build_messages(question.question))
+            self._local_ids[group_id] = (prompt, [prefix_ids + c for c in ids])
             yield RolloutGroup(
                 group_id=group_id,
                 task=question.task,
                 question=question.question,
                 provenance=question.provenance,
                 completions=texts,
-                rewards=list(rewards),
+                rewards=list(self._score(question.entry, texts)),
             )
 
     def rescore(self, ctx: StageContext, group: RolloutGroup) -> tuple[float, ...] | None:
         entry = self.bank.regenerate(group)
         if entry is None:
             return None
-        return tuple(self.bank.score_group(entry, group.completions, self.config.format_reward_weight))
+        return self._score(entry, group.completions)
+
+    def _score(self, entry: dict[str, Any], completions: list[str]) -> tuple[float, ...]:
+        return self.bank.score_group(
+            entry, completions, self.config.format_reward_weight, self.config.answer_extraction
+        )
 
     def train(self, ctx: StageContext, local: list[ScoredGroup], external: list[ScoredGroup]) -> dict[str, float]:
         groups = [self._local_group(g) for g in local] + [self._external_group(g) for g in external]

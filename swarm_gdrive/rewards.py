@@ -56,7 +56,12 @@ class Verifier(Protocol):
     def score_answer(self, answer: str | None, entry: dict[str, Any]) -> float: ...
 
 
-def extract_answer(completion: str) -> str | None:
+EXTRACTION_MODES = ("strict", "lenient")
+#: The last number-like span (integer, decimal or fraction) of a completion without an answer tag.
+_LAST_NUMBER_RE = re.compile(r"[-+]?\d+(?:[./]\d+)?")
+
+
+def extract_answer(completion: str, mode: str = "strict") -> str | None:
     """The stripped content of the last ``<answer>…</answer>`` pair, or None if there is none.
 
     Differences from ``reasoning_gym.utils.extract_answer`` (same otherwise: last pair wins,
@@ -68,9 +73,21 @@ def extract_answer(completion: str) -> str | None:
     from a finished answer; the same rule must hold for peers' completions, which arrive
     without a stop reason. A trainer that opens the assistant turn with ``<answer>`` must
     score that prefix plus the completion.
+
+    ``mode="lenient"`` falls back, when there is no answer pair, to the last number-like span
+    (``-12``, ``3.5``, ``7/9``) of the completion: small models often state the right number
+    without the tag (see the README's learning-signal table). ``strict`` is the default, for
+    replication of the SAPO paper.
     """
+    if mode not in EXTRACTION_MODES:
+        raise ValueError(f"extraction mode {mode!r} is not one of {EXTRACTION_MODES}")
     matches = _ANSWER_RE.findall(completion)
-    return matches[-1].strip() if matches else None
+    if matches:
+        return matches[-1].strip()
+    if mode == "lenient":
+        numbers = _LAST_NUMBER_RE.findall(completion)
+        return numbers[-1] if numbers else None
+    return None
 
 
 def format_reward(completion: str) -> float:
@@ -119,7 +136,9 @@ def verifier_score(dataset: Verifier, entry: dict[str, Any], answer: str | None)
     return min(1.0, max(0.0, value))
 
 
-def score(dataset: Verifier, entry: dict[str, Any], completion: str, format_weight: float = 0.0) -> float:
+def score(
+    dataset: Verifier, entry: dict[str, Any], completion: str, format_weight: float = 0.0, extraction: str = "strict"
+) -> float:
     """Reward of one completion: ``verifier_score(extract_answer(c)) + format_weight * format_reward(c)``.
 
     The verifier's partial credit is kept (e.g. 0.1 for an unreduced fraction). ``entry`` must be
@@ -127,7 +146,7 @@ def score(dataset: Verifier, entry: dict[str, Any], completion: str, format_weig
     """
     if not math.isfinite(format_weight):
         raise ValueError(f"format_weight must be a finite number, got {format_weight!r}")
-    correctness = verifier_score(dataset, entry, extract_answer(completion))
+    correctness = verifier_score(dataset, entry, extract_answer(completion, extraction))
     if format_weight == 0.0:
         return correctness
     return correctness + format_weight * format_reward(completion)

@@ -197,14 +197,18 @@ class TaskBank:
         return entry
 
     def score_group(
-        self, entry: dict[str, Any], completions: Sequence[str], format_weight: float = 0.0
+        self,
+        entry: dict[str, Any],
+        completions: Sequence[str],
+        format_weight: float = 0.0,
+        extraction: str = "strict",
     ) -> tuple[float, ...]:
         """Rewards of ``completions`` against a locally generated ``entry``, one per completion."""
         task = entry.get("metadata", {}).get("source_dataset")
         if task not in self._datasets:
             raise ValueError(f"entry of task {task!r} does not come from this bank (tasks: {', '.join(self.tasks)})")
         dataset = self._datasets[task]
-        return tuple(rewards.score(dataset, entry, completion, format_weight) for completion in completions)
+        return tuple(rewards.score(dataset, entry, completion, format_weight, extraction) for completion in completions)
 
     def _draw_one(self, rng: random.Random) -> Question:
         (spec,) = rng.choices(self.specs, weights=self._weights)

@@ -141,3 +141,36 @@ def test_a_killed_worker_resumes_from_its_checkpoint_at_the_next_round(tmp_path,
     assert after and after[0] == latest + 1, after
     for round_ in range(4):
         assert (folder / LAYOUT.reward_file(round_, 0, "w1")).exists()
+
+
+def test_the_hub_token_never_reaches_a_log_or_the_shared_folder(tmp_path, model_dir):
+    token = "hf_SECRETtoken0123456789"
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = training_env(
+        folder,
+        model_dir,
+        MAX_ROUNDS=1,
+        MIN_WORKERS=1,
+        NUM_TRANSPLANT_TREES=0,
+        HUB_PUSH_INTERVAL=1,
+        HUGGINGFACE_ACCESS_TOKEN=token,
+        HF_ENDPOINT="http://127.0.0.1:9",
+        LOG_LEVEL="DEBUG",
+    )
+    nodes = [
+        NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"}),
+        NodeProcess("w1", {**env, "NODE_ID": "w1"}),
+    ]
+    try:
+        codes = [n.wait(timeout=120) for n in nodes]
+    finally:
+        stop_all([n for n in nodes if n.returncode is None], timeout=5)
+    assert codes == [0, 0]
+    output = "\n".join(line for n in nodes for line in n.lines)
+    assert "push to the Hub failed" in output  # the push was attempted (and the endpoint refused it)
+    assert "HUGGINGFACE_ACCESS_TOKEN': '<set>'" in output
+    assert token not in output
+    for file in folder.rglob("*"):
+        if file.is_file():
+            assert token.encode() not in file.read_bytes(), file

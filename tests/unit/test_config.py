@@ -87,6 +87,8 @@ VALID: dict[str, tuple[str, str, object, dict[str, str]]] = {
         {"WORKLOAD": "grpo", "TASKS": "chain_sum"},
     ),
     "MAX_NEW_TOKENS": ("64", "max_new_tokens", 64, {}),
+    "ANSWER_EXTRACTION": ("Lenient", "answer_extraction", "lenient", {}),
+    "ANSWER_PREFIX": ("on", "answer_prefix", True, {}),
     "TEMPERATURE": ("0.7", "temperature", 0.7, {}),
     "TOP_P": ("0.9", "top_p", 0.9, {}),
     "LEARNING_RATE": ("5e-6", "learning_rate", 5e-6, {}),
@@ -182,6 +184,8 @@ def test_defaults(base: dict[str, str], tmp_path: Path, monkeypatch: pytest.Monk
         "log_level": "INFO",
         "tasks": None,
         "task_config": None,
+        "answer_extraction": "strict",
+        "answer_prefix": False,
         "max_new_tokens": 256,
         "temperature": 1.0,
         "top_p": 1.0,
@@ -489,6 +493,9 @@ def test_fingerprint_fields(base: dict[str, str]) -> None:
         "workload": "grpo",
         "tasks": None,
         "task_config": None,
+        "answer_extraction": "strict",
+        "answer_prefix": False,
+        "format_reward_weight": 0.0,
     }
 
 
