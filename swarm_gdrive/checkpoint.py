@@ -132,7 +132,7 @@ def save(
             files[path.name] = {"size": len(data), "sha256": _sha256(data)}
     manifest = {"kind": "checkpoint", "schema_version": 1, "node_id": node_id, "round": round_, "files": files}
     storage.write_bytes(f"{folder}/{MANIFEST}", json.dumps(manifest, sort_keys=True).encode())
-    _prune(storage, layout, node_id, keep_last)
+    _prune(storage, layout, node_id, keep_last, keep=round_)
     return folder
 
 
@@ -141,8 +141,10 @@ def _rounds(storage: Storage, layout: Layout, node_id: str) -> list[int]:
     return sorted(r for info in storage.list(base) if info.is_dir and (r := parse_round_dir(info.name)) is not None)
 
 
-def _prune(storage: Storage, layout: Layout, node_id: str, keep_last: int) -> None:
+def _prune(storage: Storage, layout: Layout, node_id: str, keep_last: int, keep: int) -> None:
     for round_ in _rounds(storage, layout, node_id)[:-keep_last]:
+        if round_ == keep:  # the checkpoint just written survives even if newer rounds exist
+            continue
         folder = layout.checkpoint_dir(node_id, round_)
         names = [i.name for i in storage.list(folder, include_hidden=True)]
         for name in sorted(names, key=lambda n: n == MANIFEST, reverse=True):  # manifest first: never half-valid
@@ -172,6 +174,9 @@ def _read_manifest(storage: Storage, folder: str, node_id: str, round_: int) -> 
             raise CheckpointError(f"file {name!r} has no valid size")
     if OPTIMIZER_FILE not in manifest["files"] or STATE_FILE not in manifest["files"]:
         raise CheckpointError("manifest lacks the optimizer or trainer state")
+    names = set(manifest["files"])
+    if "config.json" not in names or not ({"model.safetensors", "model.safetensors.index.json"} & names):
+        raise CheckpointError("manifest lacks the model (config.json and model safetensors)")
     return manifest
 
 

@@ -85,8 +85,12 @@ def ragged_advantages(rewards: list[list[float]], scale_rewards: str) -> list[li
             grpo.group_advantages(torch.tensor([r], dtype=torch.float32), scale_rewards)[0].tolist() for r in rewards
         ]
     flat = torch.tensor([x for r in rewards for x in r], dtype=torch.float32)
-    std = flat.std() if flat.numel() > 1 else torch.tensor(0.0)
-    return [((torch.tensor(r) - torch.tensor(r).mean()) / (std + grpo.STD_EPSILON)).tolist() for r in rewards]
+    std = grpo._nanstd(flat) if flat.numel() > 1 else torch.tensor(0.0)
+    out = []
+    for r in rewards:
+        row = torch.tensor(r, dtype=torch.float32)
+        out.append(torch.nan_to_num((row - torch.nanmean(row)) / (std + grpo.STD_EPSILON), nan=0.0).tolist())
+    return out
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -253,6 +253,14 @@ def test_keep_last_prunes_older_checkpoints_manifest_first(tmp_path: Path, tiny_
     assert restored is not None and restored.round == 4
 
 
+def test_the_checkpoint_just_saved_survives_pruning_even_behind_newer_rounds(tmp_path: Path, tiny_folder: Path) -> None:
+    storage = RecordingStorage(tmp_path)
+    model, tokenizer, optimizer = load(tiny_folder)
+    for round_ in (5, 6, 3):
+        checkpoint.save(storage, LAYOUT, NODE, round_, model, tokenizer, optimizer, keep_last=2)
+    assert sorted(p.name for p in ckpt_path(tmp_path, 0).parent.iterdir()) == ["round_3", "round_5", "round_6"]
+
+
 def test_prune_leaves_other_nodes_alone(tmp_path: Path, tiny_folder: Path) -> None:
     storage = LocalStorage(tmp_path)
     model, tokenizer, optimizer = load(tiny_folder)
@@ -368,6 +376,8 @@ TAMPERINGS: dict[str, tuple[Callable[[Path], None], str]] = {
     "manifest is a list": (_manifest_bytes(b"[]"), NOT_THIS),
     "manifest lacks the optimizer": (_drop_from_manifest(OPTIMIZER_FILE), LACKS),
     "manifest lacks the trainer state": (_drop_from_manifest(STATE_FILE), LACKS),
+    "manifest lacks the model weights": (_drop_from_manifest("model.safetensors"), "lacks the model"),
+    "manifest lacks the model config": (_drop_from_manifest("config.json"), "lacks the model"),
     "size is a string": (_bad_size("12"), "no valid size"),
     "size is negative": (_bad_size(-1), "exceeds"),
     "size is too large": (_bad_size(checkpoint.MAX_FILE_BYTES + 1), "no valid size"),

@@ -163,12 +163,6 @@ def test_ragged_advantages_give_an_unscorable_nan_reward_zero_advantage(scale_re
     assert got[0][1] == 0.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: trainer.py ragged_advantages, 'batch' branch for groups of different sizes uses flat.std() and "
-    "tensor.mean(), so one NaN (unscorable) reward makes every advantage of every group NaN; group_advantages "
-    "(and the equal-size path) use _nanstd/nanmean and nan_to_num, giving the NaN reward 0 and the others finite",
-)
 def test_ragged_batch_advantages_treat_a_nan_reward_like_group_advantages() -> None:
     nan = float("nan")
     rewards = [[1.0, nan, 0.0], [1.0, 0.0]]
@@ -311,6 +305,14 @@ def test_generate_batches_prompts_and_returns_i_by_g(
     assert all(len(texts) == 3 for texts in gen.texts)
     assert gen.new_tokens == sum(len(c) for group in gen.token_ids for c in group)
     assert gen.seconds >= 0
+    # Completion g of prompt p is the g-th row sampled for that prompt, in order, across the calls.
+    eos = tokenizer.eos_token_id
+    rows = [(row[: c["prompt_len"]], row[c["prompt_len"] :]) for c in calls for row in c["out"].tolist()]
+    for p, prompt in enumerate(prompts):
+        for g in range(3):
+            head, tail = rows[p * 3 + g]
+            assert [t for t in head if t != tokenizer.pad_token_id] == prompt
+            assert gen.token_ids[p][g] == (tail[: tail.index(eos) + 1] if eos in tail else tail)
 
 
 def test_generate_trims_each_completion_at_its_first_eos(
