@@ -74,6 +74,7 @@ def demo_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
     if args.workload == "grpo":
         env.update(DEMO_TRAINING)
         env["MODEL_NAME"] = args.model
+        env["DEVICE"] = args.device
     return env
 
 
@@ -167,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--model", default="SmolLM2-135M-Instruct", help="MODEL_NAME for the workers")
     demo.add_argument("--tiny", action="store_true", help="a tiny random model built on the spot (seconds)")
+    demo.add_argument("--device", default="cpu", help="DEVICE of every worker: cpu, cuda or cuda:N (all share it)")
     demo.add_argument("--timeout", type=float, default=900.0, help="seconds before the demo gives up")
     demo.add_argument("--verbose", action="store_true", help="show every log line of every node")
     return parser
