@@ -111,6 +111,7 @@ def save(
     tokenizer: Any,
     optimizer: torch.optim.Optimizer,
     keep_last: int = 2,
+    extra: dict[str, Any] | None = None,
 ) -> str:
     """Write a checkpoint of ``round_`` (manifest last) and remove this node's older ones beyond ``keep_last``."""
     folder = layout.checkpoint_dir(node_id, round_)
@@ -121,7 +122,7 @@ def save(
         tensors, meta = optimizer_to_files(optimizer)
         save_file({**tensors, **rng_tensors()}, str(local / OPTIMIZER_FILE))
         py_version, py_state, py_gauss = random.getstate()
-        meta.update({"round": round_, "python_rng": [py_version, list(py_state), py_gauss]})
+        meta.update({"round": round_, "python_rng": [py_version, list(py_state), py_gauss], "extra": extra or {}})
         (local / STATE_FILE).write_text(json.dumps(meta))
         files = {}
         for path in sorted(local.iterdir()):
@@ -201,6 +202,12 @@ def load_latest(storage: Storage, layout: Layout, node_id: str, into: Path) -> R
             continue
         return Restored(round_, target)
     return None
+
+
+def read_extra(folder: Path) -> dict[str, Any]:
+    """The workload's own JSON state saved with a checkpoint (e.g. curriculum levels)."""
+    extra = json.loads((folder / STATE_FILE).read_text()).get("extra", {})
+    return extra if isinstance(extra, dict) else {}
 
 
 def restore_training_state(folder: Path, optimizer: torch.optim.Optimizer) -> int:

@@ -149,6 +149,25 @@ def summary_table(folder: str, experiment: str) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in lines)
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from swarm_gdrive.config import ConfigError, from_env
+    from swarm_gdrive.report import write_report
+    from swarm_gdrive.storage import open_storage
+
+    env = {"GDRIVE_PATH": args.folder} if args.folder else {}
+    if args.experiment:
+        env["EXPERIMENT_NAME"] = args.experiment
+    try:
+        config = from_env({**os.environ, **env, "NODE_ROLE": "coordinator"})  # a reader: no model, no tasks
+    except ConfigError as exc:
+        print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
+        return 2
+    files = write_report(open_storage(config.gdrive_path), config.experiment_name, Path(args.out))
+    for file in files:
+        print(file)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swarm-gdrive", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -171,10 +190,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--device", default="cpu", help="DEVICE of every worker: cpu, cuda or cuda:N (all share it)")
     demo.add_argument("--timeout", type=float, default=900.0, help="seconds before the demo gives up")
     demo.add_argument("--verbose", action="store_true", help="show every log line of every node")
+    report = sub.add_parser("report", help="CSVs, PNG plots and an HTML page of an experiment (reads only)")
+    report.add_argument("--out", required=True, help="folder to write the report into")
+    report.add_argument("--folder", help="the shared folder (default: GDRIVE_PATH)")
+    report.add_argument("--experiment", help="experiment name (default: EXPERIMENT_NAME)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    handlers = {"run": _cmd_run, "env": _cmd_env, "demo": _cmd_demo}
+    handlers = {"run": _cmd_run, "env": _cmd_env, "demo": _cmd_demo, "report": _cmd_report}
     sys.exit(handlers[args.command](args))

@@ -50,6 +50,8 @@ FINGERPRINT_FIELDS = (
     "answer_extraction",
     "answer_prefix",
     "format_reward_weight",
+    "task_difficulty",
+    "curriculum_threshold",
 )
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -309,6 +311,28 @@ class Config:
         'Per-task difficulty as a JSON object, e.g. {"chain_sum": {"min_terms": 2, "max_terms": 2}}.',
         _parse_optional_text,
     )
+    task_difficulty: str = _env(
+        "TASK_DIFFICULTY",
+        "paper",
+        "Preset for every task: paper (reasoning-gym's defaults, as in the SAPO paper) or easy (the lowest "
+        "level of the task's reasoning-gym curriculum). TASK_CONFIG overrides it key by key.",
+        _parse_choice(("paper", "easy")),
+    )
+    curriculum_threshold: float = _env(
+        "CURRICULUM_THRESHOLD",
+        0.0,
+        "When a node's held-out pass@1 on a task reaches this, its training moves to the task's next "
+        "curriculum level; 0 is off. Needs TASK_DIFFICULTY=easy and EVAL_INTERVAL > 0.",
+        _parse_float(0.0, 1.0),
+    )
+    eval_interval: int = _env(
+        "EVAL_INTERVAL",
+        10,
+        "Rounds between held-out evaluations (before rounds 0, N, 2N, ... and after the last); 0 is off.",
+        _parse_int(0),
+    )
+    eval_samples: int = _env("EVAL_SAMPLES", 16, "Held-out questions per task (the same on every node).", _parse_int(1))
+    eval_pass_k: int = _env("EVAL_PASS_K", 0, "k for sampled pass@k besides greedy pass@1; 0 is off.", _parse_int(0))
     answer_extraction: str = _env(
         "ANSWER_EXTRACTION",
         "strict",
@@ -443,11 +467,11 @@ def from_env(environ: Mapping[str, str] | None = None) -> Config:
 
 
 @functools.lru_cache(maxsize=32)
-def _check_task_mix(tasks: str | None, task_config: str | None) -> None:
+def _check_task_mix(tasks: str | None, task_config: str | None, difficulty: str) -> None:
     """Build the task mix once per distinct value (it constructs reasoning-gym datasets)."""
     from swarm_gdrive.tasks import parse_task_mix  # imports reasoning-gym: workers only
 
-    parse_task_mix(tasks, task_config)
+    parse_task_mix(tasks, task_config, difficulty)
 
 
 def _check_relations(config: Config) -> None:
@@ -472,12 +496,19 @@ def _check_relations(config: Config) -> None:
         )
     if config.workload == "grpo" and not config.is_coordinator:
         try:
-            _check_task_mix(config.tasks, config.task_config)
+            _check_task_mix(config.tasks, config.task_config, config.task_difficulty)
         except ValueError as exc:
             var = "TASK_CONFIG" if "TASK_CONFIG" in str(exc).split("=", 1)[0] else "TASKS"
             error = ConfigError(var, getattr(config, var.lower()), str(exc))
             error.args = (str(exc),)  # the task parser's message already names the variable and value
             raise error from None
+    if config.curriculum_threshold > 0 and (config.task_difficulty != "easy" or config.eval_interval == 0):
+        raise ConfigError(
+            "CURRICULUM_THRESHOLD",
+            config.curriculum_threshold,
+            "the curriculum climbs from the easy level on held-out accuracy: set TASK_DIFFICULTY=easy and "
+            "EVAL_INTERVAL > 0, or CURRICULUM_THRESHOLD=0",
+        )
     if config.rollout_archive_old and not config.rollout_cleanup_enabled:
         raise ConfigError(
             "ROLLOUT_ARCHIVE_OLD", "true", "archiving happens during cleanup: also set ROLLOUT_CLEANUP_ENABLED=true"

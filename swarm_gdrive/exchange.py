@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from swarm_gdrive.layout import Layout, node_id_from_filename, parse_round_dir, parse_stage_dir
 from swarm_gdrive.records import (
     MAX_BYTES,
+    EvalRecord,
     ExperimentRecord,
     PeerRecord,
     R,
@@ -193,6 +194,27 @@ class Exchange:
                 out[record.node_id] = record
             elif record is not None:
                 self._reject(f"{folder}/{info.name}", "round/stage inside do not match the folder")
+        return out
+
+    # -- evaluations -----------------------------------------------------------------------
+
+    def write_eval(self, record: EvalRecord) -> None:
+        self._write(self.layout.eval_file(record.round, record.node_id), record)
+
+    def read_evals(self) -> list[EvalRecord]:
+        """Every valid eval record of the experiment (for reports; one listing per round folder)."""
+        out: list[EvalRecord] = []
+        for round_info in self._list(self.layout.evals_dir):
+            round_ = parse_round_dir(round_info.name)
+            if round_ is None or not round_info.is_dir:
+                continue
+            folder = f"{self.layout.evals_dir}/{round_info.name}"
+            for info in self._list(folder):
+                if info.is_dir or node_id_from_filename(info.name) is None:
+                    continue
+                record = self._read_cached(folder, info, EvalRecord)
+                if record is not None and record.round == round_:
+                    out.append(record)
         return out
 
     # -- rollouts --------------------------------------------------------------------------

@@ -21,9 +21,10 @@ import torch
 
 from swarm_gdrive import checkpoint, grpo, hub
 from swarm_gdrive.config import Config
+from swarm_gdrive.curriculum import curriculum_step
 from swarm_gdrive.layout import Layout
 from swarm_gdrive.models import load_model_and_tokenizer, resolve_model
-from swarm_gdrive.records import RolloutGroup
+from swarm_gdrive.records import RolloutGroup, TaskEval
 from swarm_gdrive.rewards import ANSWER_OPEN
 from swarm_gdrive.sapo import ScoredGroup, rng_for
 from swarm_gdrive.storage import Storage
@@ -76,7 +77,11 @@ class GRPOWorkload:
         self.layout = Layout(config.experiment_name)
         self._stop = stop
         self.device = pick_device(config.device, config.cpu_only)
-        self.bank = TaskBank(parse_task_mix(config.tasks, config.task_config), config.seed)
+        self.bank = TaskBank(
+            parse_task_mix(config.tasks, config.task_config, config.task_difficulty),
+            config.seed,
+            curriculum=config.curriculum_threshold > 0,
+        )
         resolved = resolve_model(config.model_name, config.model_cache_dir)
         started = time.monotonic()
         token = config.huggingface_access_token
@@ -170,6 +175,67 @@ class GRPOWorkload:
         ids = [self.trainer.completion_ids(text) for text in scored.group.completions]
         return TrainGroup(prompt, ids, list(scored.rewards))
 
+    # -- evaluation ------------------------------------------------------------------------
+
+    def evaluate(self, round_: int) -> list[TaskEval]:
+        """Greedy pass@1 (and sampled pass@k) on each task's held-out set; then the curriculum's step.
+
+        The fixed set (level 0) is the same on every node and over time; a task above level 0 is
+        also evaluated at its current level, which is what the curriculum's threshold is judged on.
+        """
+        results: list[TaskEval] = []
+        accuracy_at_level: dict[str, float] = {}
+        for task in self.bank.tasks:
+            levels = sorted({0, self.bank.current_level[task]})
+            for level in levels:
+                result = self._evaluate_task(task, level, round_)
+                results.append(result)
+                accuracy_at_level[task] = result.pass1  # the last one is the current level
+        if self.config.curriculum_threshold > 0:
+            top = {t: len(self.bank.levels[t]) - 1 for t in self.bank.tasks}
+            new = curriculum_step(self.bank.current_level, accuracy_at_level, self.config.curriculum_threshold, top)
+            for task, level in new.items():
+                if level != self.bank.current_level[task]:
+                    logger.info(
+                        "curriculum: %s up to level %d (held-out pass@1 %.2f)", task, level, accuracy_at_level[task]
+                    )
+                    self.bank.set_level(task, level)
+        return results
+
+    def _evaluate_task(self, task: str, level: int, round_: int) -> TaskEval:
+        questions = self.bank.eval_questions(task, self.config.eval_samples, level)
+        prefix = ANSWER_OPEN if self.config.answer_prefix else ""
+        prompts = [self.trainer.prompt_ids(build_messages(q.question), prefix) for q in questions]
+        greedy = self.trainer.generate(prompts, 1, seed=0, greedy=True)
+        scores = [
+            self.bank.score_group(q.entry, [prefix + texts[0]], 0.0, self.config.answer_extraction)[0]
+            for q, texts in zip(questions, greedy.texts, strict=True)
+        ]
+        k = self.config.eval_pass_k
+        pass_k = None
+        if k > 0:
+            seed = rng_for(self.config.seed, self.node_id, round_, 0, purpose=f"eval-{task}").randrange(2**31)
+            sampled = self.trainer.generate(prompts, k, seed)
+            hits = [
+                any(
+                    s >= 1.0
+                    for s in self.bank.score_group(
+                        q.entry, [prefix + t for t in texts], 0.0, self.config.answer_extraction
+                    )
+                )
+                for q, texts in zip(questions, sampled.texts, strict=True)
+            ]
+            pass_k = sum(hits) / len(hits)
+        return TaskEval(
+            task=task,
+            level=level,
+            n=len(questions),
+            pass1=sum(s >= 1.0 for s in scores) / len(scores),
+            mean_score=statistics.fmean(scores),
+            k=k,
+            pass_k=pass_k,
+        )
+
     # -- checkpoints -----------------------------------------------------------------------
 
     def resume(self) -> int | None:
@@ -184,6 +250,9 @@ class GRPOWorkload:
         saved = AutoModelForCausalLM.from_pretrained(restored.folder, dtype=torch.float32, use_safetensors=True)
         self.trainer.model.load_state_dict(saved.state_dict())
         round_ = checkpoint.restore_training_state(restored.folder, self.trainer.optimizer)
+        for task, level in checkpoint.read_extra(restored.folder).get("curriculum", {}).items():
+            if task in self.bank.current_level and isinstance(level, int):
+                self.bank.set_level(task, min(level, len(self.bank.levels[task]) - 1))
         self._last_checkpoint = round_
         self.restored_digest = checkpoint.param_digest(self.trainer.model)
         logger.info("resumed from checkpoint of round %d (parameters %s)", round_, self.restored_digest)
@@ -204,6 +273,7 @@ class GRPOWorkload:
                 self.trainer.tokenizer,
                 self.trainer.optimizer,
                 self.config.keep_checkpoints,
+                extra={"curriculum": dict(self.bank.current_level)},
             )
             self._last_checkpoint = round_
             metrics["checkpoint/seconds"] = time.monotonic() - started

@@ -143,6 +143,13 @@ class Layout:
         """Where a reset moves the whole previous experiment folder."""
         return f"{self.archive_root}/reset_{validate_name(stamp, 'reset stamp')}"
 
+    @property
+    def evals_dir(self) -> str:
+        return f"{self.root}/evals"
+
+    def eval_file(self, round_: int, node_id: str) -> str:
+        return f"{self.evals_dir}/{_round(round_)}/{validate_name(node_id, 'node id')}{JSON_SUFFIX}"
+
     def checkpoint_dir(self, node_id: str, round_: int) -> str:
         return f"{self.root}/checkpoints/{validate_name(node_id, 'node id')}/{_round(round_)}"
 

@@ -38,6 +38,7 @@ MAX_BYTES = {
     "rollouts": 32 * 1024 * 1024,
     "metric": 64 * 1024,
     "event": 64 * 1024,
+    "eval": 256 * 1024,
 }
 
 
@@ -183,6 +184,31 @@ class EventRecord(_Record):
     level: Literal["debug", "info", "warning", "error"] = "info"
     message: Annotated[str, StringConstraints(max_length=2048)] = ""
     data: dict[ShortText, Scalar | list[Scalar]] = Field(default_factory=dict, max_length=64)
+
+
+class TaskEval(BaseModel):
+    """One task's held-out result: greedy pass@1 (fraction of questions answered fully right)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    task: ShortText
+    level: Annotated[int, Field(ge=0, le=1000)] = 0
+    n: Annotated[int, Field(ge=1, le=100_000)]
+    pass1: Annotated[float, Field(ge=0, le=1)]
+    mean_score: Annotated[float, Field(ge=0, le=1)]
+    k: Annotated[int, Field(ge=0, le=1024)] = 0
+    pass_k: Annotated[float, Field(ge=0, le=1)] | None = None
+
+
+class EvalRecord(_Record):
+    """evals/round_R/{node_id}.json: a worker's held-out evaluation before training round R."""
+
+    kind: Literal["eval"] = "eval"
+    node_id: NodeId
+    run_id: RunId
+    round: Round
+    results: list[TaskEval] = Field(max_length=512)
+    created_at: Timestamp
 
 
 R = TypeVar("R", bound=_Record)

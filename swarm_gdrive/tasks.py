@@ -104,12 +104,69 @@ def dataset_size(name: str) -> int:
     return SIZE_OVERRIDES.get(name, DATASET_SIZE)
 
 
+#: The top of each dataset's index range is held out for evaluation: training never draws there
+#: and a peer's group from there is dropped, so the held-out set is disjoint from every training draw.
+HELD_OUT_MAX = 10_000
+DIFFICULTIES = ("paper", "easy")
+
+
+def held_out_size(name: str) -> int:
+    """How many of a task's top indices are reserved for evaluation."""
+    return min(HELD_OUT_MAX, dataset_size(name) // 10)
+
+
+def training_limit(name: str) -> int:
+    """Training draws indices in ``[0, training_limit)``; evaluation uses the indices above."""
+    return dataset_size(name) - held_out_size(name)
+
+
+def curriculum_levels(name: str) -> list[dict[str, Any]]:
+    """The config of each difficulty level of a task's reasoning-gym curriculum, easiest first.
+
+    Level g sets every curriculum attribute to its level min(g, last); only the attribute fields
+    appear in the dicts. A task without a curriculum has one level, ``{}`` (its defaults).
+    """
+    if not reasoning_gym.factory.has_curriculum(name):
+        return [{}]
+    curriculum = reasoning_gym.factory.create_curriculum(name)
+    top = max(len(a.levels) for a in curriculum.attributes.values()) - 1
+    levels = []
+    for g in range(top + 1):
+        for attr_name, attr in curriculum.attributes.items():
+            curriculum.set_attr_level(attr_name, min(g, len(attr.levels) - 1))
+        config = curriculum.generate_configuration({"seed": 0, "size": 1})
+        fields: list[str] = []
+        for attr in curriculum.attributes.values():
+            fields += [
+                f
+                for f in (
+                    getattr(attr, "lower_field_name", None),
+                    getattr(attr, "upper_field_name", None),
+                    getattr(attr, "field_name", None),
+                )
+                if f
+            ]
+        levels.append({f: _jsonable(getattr(config, f)) for f in fields})
+    return levels
+
+
+def difficulty_config(name: str, difficulty: str) -> dict[str, Any]:
+    """TASK_DIFFICULTY's preset: ``paper`` = reasoning-gym's defaults, ``easy`` = the curriculum's level 0."""
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"TASK_DIFFICULTY={difficulty!r}: use one of {', '.join(DIFFICULTIES)}")
+    return {} if difficulty == "paper" else curriculum_levels(name)[0]
+
+
+def _jsonable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
 def question_rng(seed: int, node_id: str, round_: int, stage: int) -> random.Random:
     """The generator that decides which questions a node draws in a stage."""
     return rng_for(seed, node_id, round_, stage, purpose="questions")
 
 
-def parse_task_mix(tasks: str | None, task_config: str | None) -> tuple[TaskSpec, ...]:
+def parse_task_mix(tasks: str | None, task_config: str | None, difficulty: str = "paper") -> tuple[TaskSpec, ...]:
     """Parse TASKS (``"chain_sum:2,basic_arithmetic"``) and TASK_CONFIG (a JSON object per task).
 
     TASKS None or blank means :data:`PAPER_TASKS`, weight 1 each. Every dataset is built once
@@ -118,7 +175,10 @@ def parse_task_mix(tasks: str | None, task_config: str | None) -> tuple[TaskSpec
     """
     weights = _parse_tasks(tasks)
     configs = _parse_task_config(task_config, weights)
-    specs = tuple(TaskSpec(name, weight, configs.get(name, {})) for name, weight in weights.items())
+    specs = tuple(
+        TaskSpec(name, weight, {**difficulty_config(name, difficulty), **configs.get(name, {})})
+        for name, weight in weights.items()
+    )
     for spec in specs:
         _build(spec, seed=0)
         if spec.name in HASH_SEED_DEPENDENT_TASKS:
@@ -133,7 +193,7 @@ def parse_task_mix(tasks: str | None, task_config: str | None) -> tuple[TaskSpec
 class TaskBank:
     """The datasets of a task mix, built once with one dataset seed shared by the whole swarm."""
 
-    def __init__(self, specs: Sequence[TaskSpec], dataset_seed: int) -> None:
+    def __init__(self, specs: Sequence[TaskSpec], dataset_seed: int, curriculum: bool = False) -> None:
         if not specs:
             raise ValueError("TaskBank needs at least one TaskSpec")
         if isinstance(dataset_seed, bool) or not isinstance(dataset_seed, int) or not 0 <= dataset_seed <= 2**63:
@@ -147,6 +207,17 @@ class TaskBank:
         self._config_keys = {spec.name: _canonical(spec.config) for spec in self.specs}
         self._weights = [spec.weight for spec in self.specs]
         self._datasets: dict[str, ProceduralDataset] = {}
+        # Curriculum: the configs a task may take, easiest first (level 0 = the spec's own config).
+        # Peers' groups are accepted at any of these known levels, never at a config a peer made up.
+        self.levels: dict[str, list[dict[str, Any]]] = {
+            spec.name: [
+                {**level, **spec.config} if i == 0 else {**spec.config, **level}
+                for i, level in enumerate(curriculum_levels(spec.name) if curriculum else [{}])
+            ]
+            for spec in self.specs
+        }
+        self.current_level = dict.fromkeys(self._specs, 0)
+        self._level_datasets: dict[tuple[str, str], ProceduralDataset] = {}
         started = time.perf_counter()
         for spec in self.specs:
             _check_weight(spec.name, spec.weight)
@@ -167,16 +238,44 @@ class TaskBank:
         """The dataset of one task of this bank."""
         return self._datasets[task]
 
-    def provenance_of(self, task: str, index: int) -> Provenance:
-        """What names question ``index`` of ``task`` on every node."""
-        return Provenance(dataset=task, config=self._specs[task].config, seed=self.dataset_seed, index=index)
+    def provenance_of(self, task: str, index: int, level: int | None = None) -> Provenance:
+        """What names question ``index`` of ``task`` (at a curriculum level) on every node."""
+        return Provenance(dataset=task, config=self.level_config(task, level), seed=self.dataset_seed, index=index)
 
-    def question(self, task: str, index: int) -> Question:
-        """Question ``index`` of ``task``."""
+    def level_config(self, task: str, level: int | None = None) -> dict[str, Any]:
+        """The config of ``task`` at ``level`` (default: this node's current level)."""
+        level = self.current_level[task] if level is None else level
+        return self._specs[task].config if level == 0 else self.levels[task][level]
+
+    def set_level(self, task: str, level: int) -> None:
+        """Move ``task`` to a curriculum level (0 .. len(levels) - 1)."""
+        if not 0 <= level < len(self.levels[task]):
+            raise ValueError(f"{task} has curriculum levels 0..{len(self.levels[task]) - 1}, not {level}")
+        self.current_level[task] = level
+
+    def _dataset_at(self, task: str, level: int) -> ProceduralDataset:
+        if level == 0:
+            return self._datasets[task]
+        config = self.levels[task][level]
+        key = (task, _canonical(config))
+        if key not in self._level_datasets:
+            spec = self._specs[task]
+            self._level_datasets[key] = _build(TaskSpec(task, spec.weight, config), seed=self.dataset_seed)
+        return self._level_datasets[key]
+
+    def question(self, task: str, index: int, level: int | None = None) -> Question:
+        """Question ``index`` of ``task`` at a curriculum level (default: the current one)."""
         if not 0 <= index < dataset_size(task):
             raise IndexError(f"index {index} out of range for {task} (size {dataset_size(task)})")
-        entry = _generate(self._datasets[task], index)
-        return Question(task, entry["question"], entry, self.provenance_of(task, index))
+        level = self.current_level[task] if level is None else level
+        entry = _generate(self._dataset_at(task, level), index)
+        return Question(task, entry["question"], entry, self.provenance_of(task, index, level))
+
+    def eval_questions(self, task: str, n: int, level: int = 0) -> list[Question]:
+        """The held-out set: the top ``n`` indices of ``task`` (the same on every node; never trained on)."""
+        if not 0 < n <= held_out_size(task):
+            raise ValueError(f"{task}: the held-out range has {held_out_size(task)} questions, asked for {n}")
+        return [self.question(task, dataset_size(task) - 1 - i, level) for i in range(n)]
 
     def draw(self, n: int, rng: random.Random) -> list[Question]:
         """``n`` questions: a task by weight, then a uniform index; the same ``rng`` state gives the same list."""
@@ -213,7 +312,7 @@ class TaskBank:
     def _draw_one(self, rng: random.Random) -> Question:
         (spec,) = rng.choices(self.specs, weights=self._weights)
         for attempt in range(_DRAW_ATTEMPTS):
-            index = rng.randrange(dataset_size(spec.name))
+            index = rng.randrange(training_limit(spec.name))
             try:
                 return self.question(spec.name, index)
             except Exception as exc:  # a generator that fails on one index should not stop a worker
@@ -225,14 +324,21 @@ class TaskBank:
         spec = self._specs.get(prov.dataset)
         if spec is None or group.task != prov.dataset:
             return None, f"task {prov.dataset!r} (group says {group.task!r}) is not in this node's mix"
-        if _canonical(prov.config) != self._config_keys[spec.name]:
+        known = [
+            i
+            for i in range(len(self.levels[spec.name]))
+            if _canonical(self.level_config(spec.name, i)) == _canonical(prov.config)
+        ]
+        if not known:
             return None, f"config {prov.config} differs from this node's {spec.config}"
         if prov.seed != self.dataset_seed:
             return None, f"seed {prov.seed} differs from this node's {self.dataset_seed}"
         if not 0 <= prov.index < dataset_size(spec.name):
             return None, f"index {prov.index} is out of range (size {dataset_size(spec.name)})"
+        if prov.index >= training_limit(spec.name):
+            return None, f"index {prov.index} is in the held-out evaluation range"
         try:
-            entry = _generate(self._datasets[spec.name], prov.index)
+            entry = _generate(self._dataset_at(spec.name, known[0]), prov.index)
         except Exception as exc:
             return None, f"index {prov.index} failed to generate: {exc!r}"
         if entry["question"] != group.question:

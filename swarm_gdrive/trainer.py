@@ -151,8 +151,8 @@ class PolicyTrainer:
     # -- generation ------------------------------------------------------------------------
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], num_generations: int, seed: int) -> Generation:
-        """G sampled completions per prompt, in batches of at most GEN_BATCH_SIZE sequences."""
+    def generate(self, prompts: list[list[int]], num_generations: int, seed: int, greedy: bool = False) -> Generation:
+        """G sampled completions per prompt (one greedy one if ``greedy``), in batches of at most GEN_BATCH_SIZE."""
         started = time.monotonic()
         self.model.eval()
         torch.manual_seed(seed)
@@ -164,11 +164,14 @@ class PolicyTrainer:
             chunk = prompts[start : start + per_call]
             batch = self.tokenizer.pad({"input_ids": chunk}, padding=True, return_tensors="pt").to(self.device)
             with self._autocast():
+                sampling = (
+                    {"do_sample": False}
+                    if greedy
+                    else {"do_sample": True, "temperature": self.settings.temperature, "top_p": self.settings.top_p}
+                )
                 out = self.model.generate(
                     **batch,
-                    do_sample=True,
-                    temperature=self.settings.temperature,
-                    top_p=self.settings.top_p,
+                    **sampling,
                     max_new_tokens=self.settings.max_new_tokens,
                     num_return_sequences=num_generations,
                     pad_token_id=self.tokenizer.pad_token_id,

@@ -21,7 +21,7 @@ from swarm_gdrive.identity import Identity
 from swarm_gdrive.layout import Layout
 from swarm_gdrive.metrics import NodeLog
 from swarm_gdrive.polling import Backoff, Stopped, wait_for
-from swarm_gdrive.records import RewardRecord, RolloutBatch, RolloutGroup, StateRecord
+from swarm_gdrive.records import EvalRecord, RewardRecord, RolloutBatch, RolloutGroup, StateRecord
 from swarm_gdrive.sapo import ScoredGroup, rng_for, select_external
 from swarm_gdrive.storage import Storage
 from swarm_gdrive.workload import StageContext, Workload
@@ -173,6 +173,8 @@ class Worker:
             if state.status == "finished":
                 self.log.event("experiment_finished", f"finished after {state.round} rounds", round_=state.round)
                 if last is not None:
+                    if self.config.eval_interval:  # the policy after the last round
+                        self.evaluate(last + 1, state.run_id)
                     final = self.workload.end_round(last, final=True)
                     if final:
                         self.log.metric(final, round_=last)
@@ -198,6 +200,8 @@ class Worker:
         self.heartbeat.set_round(round_)
         started = time.monotonic()
         calls_before = dict(self.exchange.stats)
+        if self.config.eval_interval and round_ % self.config.eval_interval == 0:
+            self.evaluate(round_, state.run_id)
         buffered: list[RolloutBatch] = []
         for stage in range(state.num_stages):
             ctx = StageContext(self.node_id, round_, stage, self.config.seed)
@@ -217,6 +221,30 @@ class Worker:
         self.log.metric({"round/seconds": time.monotonic() - started, **stats, **after})
         self.log.flush()
         self.identity.write_local(last_round=round_)
+
+    def evaluate(self, round_: int, run_id: str) -> None:
+        """Held-out evaluation before round ``round_``: metrics, and an eval record in the shared folder."""
+        started = time.monotonic()
+        results = self.workload.evaluate(round_)
+        if not results:
+            return
+        self.exchange.write_eval(
+            EvalRecord(node_id=self.node_id, run_id=run_id, round=round_, results=results, created_at=time.time())
+        )
+        base = [r for r in results if r.level == 0]
+        values: dict[str, float | int | None] = {f"eval/{r.task}/pass1": r.pass1 for r in base}
+        values.update({f"eval/{r.task}/level": r.level for r in results if r.level > 0})
+        values.update({f"eval/{r.task}/level_pass1": r.pass1 for r in results if r.level > 0})
+        values.update({f"eval/{r.task}/pass_at_{r.k}": r.pass_k for r in base if r.pass_k is not None})
+        values["eval/pass1"] = sum(r.pass1 for r in base) / len(base)
+        values["eval/seconds"] = time.monotonic() - started
+        self.log.metric(values, round_=round_)
+        logger.info(
+            "held-out pass@1 before round %d: %.3f (%s)",
+            round_,
+            values["eval/pass1"],
+            ", ".join(f"{r.task} {r.pass1:.2f}" for r in base),
+        )
 
     def _stage(self, ctx: StageContext, state: StateRecord, buffered: list[RolloutBatch]) -> None:
         t0 = time.monotonic()

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from swarm_gdrive.records import Provenance, RolloutGroup
+from swarm_gdrive.records import Provenance, RolloutGroup, TaskEval
 from swarm_gdrive.sapo import ScoredGroup, rng_for
 
 logger = logging.getLogger(__name__)
@@ -47,6 +47,10 @@ class Workload(Protocol):
 
     def resume(self) -> int | None:
         """Restore this node's latest checkpoint; the round it was taken after, or None."""
+        ...
+
+    def evaluate(self, round_: int) -> list[TaskEval]:
+        """Held-out evaluation of the current policy, one result per task ([] if it has no model)."""
         ...
 
     def end_round(self, round_: int, final: bool) -> dict[str, float]:
@@ -120,6 +124,9 @@ class SyntheticWorkload:
 
     def resume(self) -> int | None:
         return None  # nothing to restore: the stand-in has no model
+
+    def evaluate(self, round_: int) -> list[TaskEval]:
+        return []  # nothing to evaluate: the stand-in has no model
 
     def end_round(self, round_: int, final: bool) -> dict[str, float]:
         return {}

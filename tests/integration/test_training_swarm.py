@@ -174,3 +174,54 @@ def test_the_hub_token_never_reaches_a_log_or_the_shared_folder(tmp_path, model_
     for file in folder.rglob("*"):
         if file.is_file():
             assert token.encode() not in file.read_bytes(), file
+
+
+def test_workers_write_eval_records_every_interval_and_the_report_plots_them(tmp_path, model_dir):
+    import subprocess
+
+    from swarm_gdrive.records import EvalRecord
+
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = training_env(
+        folder,
+        model_dir,
+        MAX_ROUNDS=4,
+        MIN_WORKERS=2,
+        EVAL_INTERVAL=2,
+        EVAL_SAMPLES=4,
+        EVAL_PASS_K=2,
+        NUM_TRAIN_SAMPLES=2,
+        CHECKPOINT_INTERVAL=100,
+    )
+    nodes = [NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"})]
+    nodes += [NodeProcess(w, {**env, "NODE_ID": w}) for w in ("w1", "w2")]
+    try:
+        codes = [n.wait(timeout=300) for n in nodes]
+    finally:
+        stop_all([n for n in nodes if n.returncode is None], timeout=5)
+    assert codes == [0, 0, 0], [n.lines[-10:] for n in nodes]
+    for w in ("w1", "w2"):
+        rounds = sorted(p.parent.name for p in (folder / LAYOUT.evals_dir).glob(f"round_*/{w}.json"))
+        assert rounds == ["round_0", "round_2", "round_4"]  # before rounds 0 and 2, and after the last (3)
+        for name in rounds:
+            record = decode((folder / LAYOUT.evals_dir / name / f"{w}.json").read_bytes(), EvalRecord)
+            (result,) = record.results
+            assert (result.task, result.n, result.k) == ("basic_arithmetic", 4, 2)
+            assert result.pass_k is not None and result.level == 0  # sampled pass@k measured besides pass@1
+        metrics, _ = decode_lines((folder / LAYOUT.metrics_file(w)).read_bytes(), MetricRecord)
+        assert sorted(m.round for m in metrics if "eval/pass1" in m.values) == [0, 2, 4]
+
+    out = tmp_path / "report"
+    result = subprocess.run(
+        ["swarm-gdrive", "report", "--folder", str(folder), "--experiment", "train", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    evals = (out / "evals.csv").read_text().splitlines()
+    assert evals[0].startswith("node,round,task,level,n,pass1") and len(evals) == 1 + 2 * 3
+    assert (out / "eval_pass1.png").stat().st_size > 10_000
+    page = (out / "index.html").read_text()
+    assert "eval_pass1.png" in page and "reward_per_round.png" in page

@@ -88,6 +88,11 @@ VALID: dict[str, tuple[str, str, object, dict[str, str]]] = {
     ),
     "MAX_NEW_TOKENS": ("64", "max_new_tokens", 64, {}),
     "ANSWER_EXTRACTION": ("Lenient", "answer_extraction", "lenient", {}),
+    "TASK_DIFFICULTY": ("EASY", "task_difficulty", "easy", {}),
+    "CURRICULUM_THRESHOLD": ("0.8", "curriculum_threshold", 0.8, {"TASK_DIFFICULTY": "easy"}),
+    "EVAL_INTERVAL": ("0", "eval_interval", 0, {}),
+    "EVAL_SAMPLES": ("8", "eval_samples", 8, {}),
+    "EVAL_PASS_K": ("4", "eval_pass_k", 4, {}),
     "ANSWER_PREFIX": ("on", "answer_prefix", True, {}),
     "TEMPERATURE": ("0.7", "temperature", 0.7, {}),
     "TOP_P": ("0.9", "top_p", 0.9, {}),
@@ -186,6 +191,11 @@ def test_defaults(base: dict[str, str], tmp_path: Path, monkeypatch: pytest.Monk
         "task_config": None,
         "answer_extraction": "strict",
         "answer_prefix": False,
+        "task_difficulty": "paper",
+        "curriculum_threshold": 0.0,
+        "eval_interval": 10,
+        "eval_samples": 16,
+        "eval_pass_k": 0,
         "max_new_tokens": 256,
         "temperature": 1.0,
         "top_p": 1.0,
@@ -496,6 +506,8 @@ def test_fingerprint_fields(base: dict[str, str]) -> None:
         "answer_extraction": "strict",
         "answer_prefix": False,
         "format_reward_weight": 0.0,
+        "task_difficulty": "paper",
+        "curriculum_threshold": 0.0,
     }
 
 
@@ -528,3 +540,10 @@ def test_task_mix_errors_name_the_variable(base: dict[str, str], env: dict[str, 
 def test_task_mix_is_not_checked_for_the_coordinator_or_synthetic(base: dict[str, str]) -> None:
     assert from_env({**base, "TASKS": "nosuch", "NODE_ROLE": "coordinator"}).tasks == "nosuch"
     assert from_env({**base, "TASKS": "nosuch", "WORKLOAD": "synthetic"}).tasks == "nosuch"
+
+
+def test_curriculum_needs_the_easy_preset_and_evaluation(base: dict[str, str]) -> None:
+    for extra in ({}, {"TASK_DIFFICULTY": "easy", "EVAL_INTERVAL": "0"}):
+        with pytest.raises(ConfigError) as info:
+            from_env({**base, "WORKLOAD": "synthetic", "CURRICULUM_THRESHOLD": "0.5", **extra})
+        assert info.value.var == "CURRICULUM_THRESHOLD" and "TASK_DIFFICULTY=easy" in str(info.value)

@@ -11,6 +11,7 @@ from swarm_gdrive.records import (
     MAX_BYTES,
     MAX_COMPLETIONS_PER_GROUP,
     SCHEMA_VERSION,
+    EvalRecord,
     EventRecord,
     ExperimentRecord,
     MetricRecord,
@@ -21,6 +22,7 @@ from swarm_gdrive.records import (
     RolloutBatch,
     RolloutGroup,
     StateRecord,
+    TaskEval,
     decode,
     decode_lines,
     encode,
@@ -88,6 +90,16 @@ def reward() -> RewardRecord:
 
 
 RECORDS: dict[str, Any] = {
+    "eval": lambda: EvalRecord(
+        node_id="w-1",
+        run_id=RUN,
+        round=3,
+        results=[
+            TaskEval(task="chain_sum", level=0, n=16, pass1=0.25, mean_score=0.3),
+            TaskEval(task="chain_sum", level=2, n=16, pass1=0.0, mean_score=0.1, k=4, pass_k=0.5),
+        ],
+        created_at=1.0,
+    ),
     "experiment": lambda: ExperimentRecord(
         experiment="exp1",
         run_id=RUN,
