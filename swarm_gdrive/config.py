@@ -158,10 +158,31 @@ def _parse_optional_name(var: str, raw: str) -> str | None:
     return _parse_name(var, raw) if raw.strip() else None
 
 
+_URL = re.compile(r"([a-z][a-z0-9+.-]*)://(.*)")
+_DRIVE_ID = re.compile(r"[A-Za-z0-9_-]{10,128}")
+
+
+def _parse_storage_url(var: str, raw: str, scheme: str, rest: str) -> str:
+    folder, _, prefix = rest.partition("/")
+    if scheme == "gdrive" and not _DRIVE_ID.fullmatch(folder):
+        raise ConfigError(var, raw, "gdrive:// needs a Drive folder id (from the folder's URL): gdrive://<id>/path")
+    if not folder:
+        raise ConfigError(var, raw, f"{scheme}:// needs a bucket or root, e.g. {scheme}://my-bucket/rl-swarm")
+    for part in [p for p in prefix.split("/") if p]:
+        try:
+            validate_name(part, what=var)
+        except InvalidNameError:
+            raise ConfigError(var, raw, f"path component {part!r} is not a safe name") from None
+    return f"{scheme}://{folder}/{prefix.strip('/')}".rstrip("/")
+
+
 def _parse_gdrive_path(var: str, raw: str) -> str:
     text = raw.strip()
     if not text:
         raise ConfigError(var, raw, "set it to the shared folder, e.g. /content/drive/MyDrive/rl-swarm")
+    url = _URL.fullmatch(text)
+    if url:  # gdrive://<folder-id>/path (Drive API) or any fsspec URL (s3://, gs://, memory://, ...)
+        return _parse_storage_url(var, raw, url.group(1), url.group(2))
     path = Path(text).expanduser()
     if path.exists() and not path.is_dir():
         raise ConfigError(var, raw, "this is a file, not a folder: point it at the shared folder")
@@ -192,6 +213,24 @@ class Config:
         "(Colab: /content/drive/MyDrive/rl-swarm), a Drive-for-desktop folder or any POSIX path. "
         "Required; it must exist and be writable.",
         _parse_gdrive_path,
+    )
+    google_application_credentials: str | None = _env(
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        None,
+        "gdrive:// only: a service account's JSON key file (share the Drive folder with its e-mail).",
+        _parse_optional_text,
+    )
+    gdrive_token_file: str | None = _env(
+        "GDRIVE_TOKEN_FILE",
+        None,
+        "gdrive:// only: an authorized-user token file (OAuth), instead of a service account.",
+        _parse_optional_text,
+    )
+    gdrive_api_url: str | None = _env(
+        "GDRIVE_API_URL",
+        None,
+        "gdrive:// only: another Drive v3 endpoint (a proxy, or the test emulator); unset: Google's.",
+        _parse_optional_text,
     )
     experiment_name: str = _env(
         "EXPERIMENT_NAME",

@@ -16,7 +16,7 @@ from swarm_gdrive import logctx
 from swarm_gdrive.config import Config, ConfigError, from_env
 from swarm_gdrive.coordinator import Coordinator, ExperimentMismatchError
 from swarm_gdrive.identity import IdentityError, claim_identity
-from swarm_gdrive.storage import Storage, open_storage
+from swarm_gdrive.storage import Storage, StorageError, open_storage
 from swarm_gdrive.worker import Worker
 from swarm_gdrive.workload import SyntheticWorkload, Workload
 
@@ -68,7 +68,14 @@ def run_node(environ: Mapping[str, str] | None = None, stop: threading.Event | N
     if threading.current_thread() is threading.main_thread():
         install_signal_handlers(stop)
     logger.info("resolved configuration: %s", config.describe())
-    storage = open_storage(config.gdrive_path)
+    try:
+        storage = open_storage(
+            config.gdrive_path, config.google_application_credentials, config.gdrive_token_file, config.gdrive_api_url
+        )
+    except StorageError as exc:  # no credentials, or a backend refusing the location
+        print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
+        identity.release()
+        return EXIT_BAD_INPUT
     logger.info(
         "node %s (%s) on %s, experiment %s",
         identity.node_id,

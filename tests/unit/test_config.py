@@ -89,6 +89,9 @@ VALID: dict[str, tuple[str, str, object, dict[str, str]]] = {
     "MAX_NEW_TOKENS": ("64", "max_new_tokens", 64, {}),
     "ANSWER_EXTRACTION": ("Lenient", "answer_extraction", "lenient", {}),
     "TASK_DIFFICULTY": ("EASY", "task_difficulty", "easy", {}),
+    "GOOGLE_APPLICATION_CREDENTIALS": (" /keys/sa.json ", "google_application_credentials", "/keys/sa.json", {}),
+    "GDRIVE_TOKEN_FILE": ("/keys/token.json", "gdrive_token_file", "/keys/token.json", {}),
+    "GDRIVE_API_URL": ("http://127.0.0.1:8080/", "gdrive_api_url", "http://127.0.0.1:8080/", {}),
     "CURRICULUM_THRESHOLD": ("0.8", "curriculum_threshold", 0.8, {"TASK_DIFFICULTY": "easy"}),
     "EVAL_INTERVAL": ("0", "eval_interval", 0, {}),
     "EVAL_SAMPLES": ("8", "eval_samples", 8, {}),
@@ -157,6 +160,9 @@ def test_defaults(base: dict[str, str], tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("HOME", str(tmp_path))
     config = from_env({"GDRIVE_PATH": base["GDRIVE_PATH"]})
     expected = {
+        "google_application_credentials": None,
+        "gdrive_token_file": None,
+        "gdrive_api_url": None,
         "experiment_name": "swarm-experiment",
         "node_role": "worker",
         "node_id": None,
@@ -547,3 +553,27 @@ def test_curriculum_needs_the_easy_preset_and_evaluation(base: dict[str, str]) -
         with pytest.raises(ConfigError) as info:
             from_env({**base, "WORKLOAD": "synthetic", "CURRICULUM_THRESHOLD": "0.5", **extra})
         assert info.value.var == "CURRICULUM_THRESHOLD" and "TASK_DIFFICULTY=easy" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("gdrive://1AbCdEfGhIjKlMnOp/rl-swarm", "gdrive://1AbCdEfGhIjKlMnOp/rl-swarm"),
+        ("gdrive://1AbCdEfGhIjKlMnOp", "gdrive://1AbCdEfGhIjKlMnOp"),
+        ("s3://my-bucket/swarm/", "s3://my-bucket/swarm"),
+        ("memory://root", "memory://root"),
+    ],
+)
+def test_gdrive_path_takes_drive_and_fsspec_urls(tmp_path: Path, raw: str, expected: str) -> None:
+    config = from_env({"GDRIVE_PATH": raw, "SWARM_LOCAL_DIR": str(tmp_path), "WORKLOAD": "synthetic"})
+    assert config.gdrive_path == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [("gdrive://short/x", "folder id"), ("gdrive://1AbCdEfGhIjKlMnOp/../x", "not a safe name"), ("s3:///x", "bucket")],
+)
+def test_bad_storage_urls_name_the_problem(tmp_path: Path, raw: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_env({"GDRIVE_PATH": raw, "SWARM_LOCAL_DIR": str(tmp_path)})
+    assert info.value.var == "GDRIVE_PATH" and needle in str(info.value)

@@ -1,0 +1,490 @@
+"""Google Drive v3 backend, on google-api-python-client: GDRIVE_PATH=gdrive://<folder-id>/<path>.
+
+Drive is not a filesystem, and this backend turns its quirks into the storage contract:
+
+- Names are not unique in a folder. Folders are resolved to one deterministic folder (the
+  oldest by createdTime) when a race created duplicates; a reader faced with duplicate file
+  names takes the newest by modifiedTime; a writer updates its file by id and removes the
+  duplicates of its own files.
+- Listings lag behind creates (reads by id do not): ids are cached, the node's own writes are
+  merged into its listings, and the protocol's bounded waits retry what is still missing.
+- An upload replaces a file's content whole, so a reader sees the old or the new content;
+  downloads are checked against the md5 Drive reports.
+- Rate limits (403 userRateLimitExceeded / rateLimitExceeded, 429), 5xx and dropped
+  connections are retried with exponential backoff and jitter (tenacity); 404, a 403 for
+  missing permission, 400 and 401 fail at once with a message that says what to fix.
+
+Economy: ``fields`` is restricted to what is used, listings ask for 1000 entries a page and
+one listing of a folder serves the reads of the files in it; uploads above 5 MB are resumable.
+Every API call and byte is counted in :attr:`DriveStorage.counters`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import PurePosixPath
+from typing import Any
+
+from swarm_gdrive.layout import is_temporary
+from swarm_gdrive.storage.base import DEFAULT_MAX_READ_BYTES, FileInfo, FileTooLargeError, StorageError, retrying
+
+logger = logging.getLogger(__name__)
+
+FOLDER_MIME = "application/vnd.google-apps.folder"
+SCOPES = ["https://www.googleapis.com/auth/drive"]
+RESUMABLE_ABOVE = 5 * 1024 * 1024
+_FILE_FIELDS = "id,name,mimeType,size,md5Checksum,modifiedTime,createdTime"
+_LIST_FIELDS = f"nextPageToken,files({_FILE_FIELDS})"
+_RETRY_REASONS = {"userRateLimitExceeded", "rateLimitExceeded", "backendError", "internalError"}
+
+
+class DriveError(StorageError):
+    """A Drive error that retrying cannot fix; the message says what to do."""
+
+
+class DriveAuthError(DriveError):
+    """No usable credentials; the message says how to get some."""
+
+
+@dataclass(frozen=True)
+class _Entry:
+    id: str
+    name: str
+    is_dir: bool
+    size: int
+    md5: str | None
+    mtime: float
+    ctime: float
+
+
+def _time(value: str | None) -> float:
+    if not value:
+        return 0.0
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _entry(raw: dict[str, Any]) -> _Entry:
+    return _Entry(
+        raw["id"],
+        raw["name"],
+        raw.get("mimeType") == FOLDER_MIME,
+        int(raw.get("size") or 0),
+        raw.get("md5Checksum"),
+        _time(raw.get("modifiedTime")),
+        _time(raw.get("createdTime")),
+    )
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _http_status(exc: BaseException) -> int | None:
+    resp = getattr(exc, "resp", None)
+    return int(resp.status) if resp is not None and getattr(resp, "status", None) else None
+
+
+def _reasons(exc: BaseException) -> set[str]:
+    try:
+        payload = json.loads(exc.content.decode("utf-8"))  # type: ignore[attr-defined]
+        return {e.get("reason", "") for e in payload.get("error", {}).get("errors", [])}
+    except Exception:  # noqa: BLE001 - an unparseable body simply has no reasons
+        return set()
+
+
+def is_transient_drive_error(exc: BaseException) -> bool:
+    """Rate limits, 5xx and dropped connections: worth retrying with backoff."""
+    from googleapiclient.errors import HttpError
+
+    if isinstance(exc, HttpError):
+        status = _http_status(exc)
+        if status == 429 or (status is not None and status >= 500):
+            return True
+        return status == 403 and bool(_reasons(exc) & _RETRY_REASONS)
+    if isinstance(exc, (FileNotFoundError, FileTooLargeError, DriveError)):
+        return False
+    import http.client
+
+    import httplib2
+
+    return isinstance(
+        exc,
+        (ConnectionError, TimeoutError, http.client.HTTPException, httplib2.HttpLib2Error, BrokenPipeError, OSError),
+    )
+
+
+class DriveStorage:
+    """A :class:`~swarm_gdrive.storage.base.Storage` over a Drive folder, addressed by its id."""
+
+    def __init__(
+        self,
+        root_folder_id: str,
+        prefix: str = "",
+        service: Any = None,
+        retry_attempts: int = 8,
+        retry_max_wait: float = 30.0,
+        cache_ttl: float = 60.0,
+    ) -> None:
+        self.root_folder_id = root_folder_id
+        self.prefix = [p for p in PurePosixPath(prefix).parts if p not in ("", "/")] if prefix else []
+        self._service = service
+        self._attempts = retry_attempts
+        self._max_wait = retry_max_wait
+        self._lock = threading.RLock()
+        self._folders: dict[tuple[str, str], str] = {}  # (parent id, name) -> folder id
+        self._listing: dict[str, dict[str, _Entry]] = {}  # folder id -> name -> entry (newest duplicate)
+        self._listed_at: dict[str, float] = {}  # folder id -> when it was listed (monotonic)
+        self._cache_ttl = cache_ttl  # ids are re-resolved after this long: folders can be moved (a reset)
+        self._folders_at = time.monotonic()
+        self._own: dict[tuple[str, str], _Entry] = {}  # (folder id, name) -> what this node wrote last
+        self._appended: dict[str, bytes] = {}  # own append-only files: content, so an append is one upload
+        self.counters = {"api_calls": 0, "bytes_up": 0, "bytes_down": 0, "retries": 0}
+
+    def describe(self) -> str:
+        return f"Google Drive folder {self.root_folder_id}" + (f"/{'/'.join(self.prefix)}" if self.prefix else "")
+
+    @property
+    def service(self) -> Any:
+        if self._service is None:
+            self._service = build_service()
+        return self._service
+
+    # -- calls -------------------------------------------------------------------------------
+
+    def _call(self, request_factory: Any) -> Any:
+        """Execute a request (built fresh per attempt), retrying transient failures only."""
+        for attempt in retrying(is_transient_drive_error, self._attempts, self._max_wait):
+            with attempt:
+                if attempt.retry_state.attempt_number > 1:
+                    self.counters["retries"] += 1
+                self.counters["api_calls"] += 1
+                try:
+                    return request_factory().execute(num_retries=0)
+                except Exception as exc:
+                    raise self._explain(exc) from exc
+        raise StorageError("unreachable")  # pragma: no cover
+
+    def _explain(self, exc: Exception) -> Exception:
+        from googleapiclient.errors import HttpError
+
+        if not isinstance(exc, HttpError) or is_transient_drive_error(exc):
+            return exc
+        status, reasons = _http_status(exc), _reasons(exc)
+        if status == 404:
+            return FileNotFoundError(f"Drive answered 404 ({', '.join(reasons) or 'notFound'})")
+        if status == 401:
+            return DriveAuthError("Drive refused the credentials (401): refresh or recreate the token")
+        if status == 403:
+            return DriveError(
+                f"Drive refused access (403 {', '.join(reasons) or 'forbidden'}) to folder {self.root_folder_id}: "
+                "share the folder with the service account's e-mail (Editor), or check the folder id in GDRIVE_PATH"
+            )
+        return DriveError(f"Drive rejected the request ({status} {', '.join(reasons)}): {exc}")
+
+    # -- folders -----------------------------------------------------------------------------
+
+    def _parts(self, path: str) -> list[str]:
+        parts = PurePosixPath(path).parts
+        if not parts or PurePosixPath(path).is_absolute() or any(p in ("..", ".", "") for p in parts):
+            raise ValueError(f"storage path must be relative and stay inside the root: {path!r}")
+        return self.prefix + list(parts)
+
+    def _folder(self, parts: list[str], create: bool) -> str | None:
+        """Id of the folder at ``parts`` under the root; created (idempotently) if asked."""
+        with self._lock:
+            if time.monotonic() - self._folders_at > self._cache_ttl:
+                self._folders.clear()
+                self._folders_at = time.monotonic()
+        parent = self.root_folder_id
+        for name in parts:
+            with self._lock:
+                known = self._folders.get((parent, name))
+            if known is None:
+                known = self._find_folder(parent, name) or (self._create_folder(parent, name) if create else None)
+                if known is None:
+                    return None
+                with self._lock:
+                    self._folders[(parent, name)] = known
+            parent = known
+        return parent
+
+    def _find_folder(self, parent: str, name: str) -> str | None:
+        q = f"{_quote(parent)} in parents and name = {_quote(name)} and mimeType = '{FOLDER_MIME}' and trashed = false"
+        found = self._list_query(q)
+        if not found:
+            return None
+        if len(found) > 1:  # a race made duplicates: everyone settles on the oldest
+            logger.info("%d folders named %r in %s: using the oldest", len(found), name, parent)
+        return min(found, key=lambda e: (e.ctime, e.id)).id
+
+    def _create_folder(self, parent: str, name: str) -> str:
+        body = {"name": name, "mimeType": FOLDER_MIME, "parents": [parent]}
+        created = self._call(lambda: self.service.files().create(body=body, fields="id,createdTime"))
+        # Another node may have created the same folder meanwhile: settle on the oldest one we can see.
+        return self._find_folder(parent, name) or created["id"]
+
+    def _list_query(self, q: str) -> list[_Entry]:
+        out: list[_Entry] = []
+        token = None
+        while True:
+            page = self._call(
+                lambda token=token: self.service.files().list(
+                    q=q, pageSize=1000, pageToken=token, fields=_LIST_FIELDS, spaces="drive"
+                )
+            )
+            out += [_entry(raw) for raw in page.get("files", [])]
+            token = page.get("nextPageToken")
+            if not token:
+                return out
+
+    def _children(self, folder_id: str) -> dict[str, _Entry]:
+        """One listing of a folder, duplicates resolved (newest modifiedTime), own writes merged in."""
+        newest: dict[str, _Entry] = {}
+        for entry in self._list_query(f"{_quote(folder_id)} in parents and trashed = false"):
+            current = newest.get(entry.name)
+            if current is None or (entry.mtime, entry.id) > (current.mtime, current.id):
+                newest[entry.name] = entry
+        with self._lock:
+            for (parent, name), own in self._own.items():
+                if parent == folder_id and (name not in newest or newest[name].mtime < own.mtime):
+                    newest[name] = own  # the listing lags behind our own write
+            self._listing[folder_id] = newest
+            self._listed_at[folder_id] = time.monotonic()
+        return newest
+
+    # -- Storage -----------------------------------------------------------------------------
+
+    def list(self, folder: str, include_hidden: bool = False) -> list[FileInfo]:
+        folder_id = self._folder(self._parts(folder), create=False)
+        if folder_id is None:
+            return []
+        entries = self._children(folder_id).values()
+        return sorted(
+            (
+                FileInfo(e.name, e.size, e.mtime, e.is_dir)
+                for e in entries
+                if include_hidden or not is_temporary(e.name)
+            ),
+            key=lambda info: info.name,
+        )
+
+    def _locate(self, parts: list[str]) -> tuple[str, _Entry] | None:
+        folder_id = self._folder(parts[:-1], create=False)
+        if folder_id is None:
+            return None
+        name = parts[-1]
+        with self._lock:
+            fresh = time.monotonic() - self._listed_at.get(folder_id, float("-inf")) < self._cache_ttl
+            entry = (self._listing.get(folder_id, {}).get(name) if fresh else None) or self._own.get((folder_id, name))
+        if entry is None:
+            entry = self._children(folder_id).get(name)
+        return (folder_id, entry) if entry is not None else None
+
+    def read_bytes(self, path: str, max_bytes: int = DEFAULT_MAX_READ_BYTES) -> bytes:
+        parts = self._parts(path)
+        located = self._locate(parts)
+        if located is None or located[1].is_dir:
+            raise FileNotFoundError(path)
+        folder_id, entry = located
+        try:
+            return self._download(entry, max_bytes, path)
+        except FileNotFoundError:  # stale id (deleted or replaced): look again once
+            with self._lock:
+                self._listing.pop(folder_id, None)
+            fresh = self._children(folder_id).get(parts[-1])
+            if fresh is None or fresh.id == entry.id:
+                raise FileNotFoundError(path) from None
+            return self._download(fresh, max_bytes, path)
+
+    def _download(self, entry: _Entry, max_bytes: int, path: str) -> bytes:
+        if entry.size > max_bytes:
+            raise FileTooLargeError(path, entry.size, max_bytes)
+        data = self._call(lambda: self.service.files().get_media(fileId=entry.id))
+        data = data if isinstance(data, bytes) else bytes(data)
+        self.counters["bytes_down"] += len(data)
+        if len(data) > max_bytes:
+            raise FileTooLargeError(path, len(data), max_bytes)
+        if entry.md5 and hashlib.md5(data).hexdigest() != entry.md5:  # noqa: S324 - Drive's checksum is md5
+            meta = self._call(lambda: self.service.files().get(fileId=entry.id, fields="md5Checksum,size"))
+            if meta.get("md5Checksum") != hashlib.md5(data).hexdigest():  # noqa: S324
+                raise StorageError(f"{path}: download does not match Drive's md5; try again")
+        return data
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        from googleapiclient.http import MediaIoBaseUpload
+
+        parts = self._parts(path)
+        folder_id = self._folder(parts[:-1], create=True)
+        assert folder_id is not None
+        name = parts[-1]
+        data = bytes(data)
+        with self._lock:
+            own = self._own.get((folder_id, name))
+        existing = own.id if own is not None else self._own_file_id(folder_id, name)
+
+        def media() -> Any:
+            return MediaIoBaseUpload(
+                io.BytesIO(data),
+                mimetype="application/octet-stream",
+                resumable=len(data) > RESUMABLE_ABOVE,
+                chunksize=RESUMABLE_ABOVE,
+            )
+
+        files = self.service.files()
+        if existing is None:
+            body = {"name": name, "parents": [folder_id]}
+            raw = self._call(lambda: files.create(body=body, media_body=media(), fields=_FILE_FIELDS))
+        else:
+            raw = self._call(lambda: files.update(fileId=existing, media_body=media(), fields=_FILE_FIELDS))
+        self.counters["bytes_up"] += len(data)
+        entry = _entry(raw)
+        with self._lock:
+            self._own[(folder_id, name)] = entry
+            self._listing.setdefault(folder_id, {})[name] = entry
+
+    def _own_file_id(self, folder_id: str, name: str) -> str | None:
+        """The id to update for a file this node writes: the newest of its name; older duplicates removed."""
+        q = f"{_quote(folder_id)} in parents and name = {_quote(name)} and trashed = false"
+        found = sorted(self._list_query(q), key=lambda e: (e.mtime, e.id), reverse=True)
+        for duplicate in found[1:]:  # one writer per file: every duplicate of this name is ours
+            logger.info("removing a duplicate %s (%s)", name, duplicate.id)
+            self._delete_id(duplicate.id)
+        return found[0].id if found else None
+
+    def _delete_id(self, file_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):  # already gone is what we wanted
+            self._call(lambda: self.service.files().delete(fileId=file_id))
+
+    def append_bytes(self, path: str, data: bytes) -> None:
+        with self._lock:
+            current = self._appended.get(path)
+        if current is None:
+            try:
+                current = self.read_bytes(path, 1 << 40)
+            except FileNotFoundError:
+                current = b""
+        content = current + bytes(data)
+        self.write_bytes(path, content)  # one writer per log file: read-modify-write is safe
+        with self._lock:
+            self._appended[path] = content
+
+    def delete(self, path: str) -> None:
+        parts = self._parts(path)
+        folder_id = self._folder(parts[:-1], create=False)
+        if folder_id is None:
+            return
+        q = f"{_quote(folder_id)} in parents and name = {_quote(parts[-1])} and trashed = false"
+        for entry in self._list_query(q):
+            self._delete_id(entry.id)
+        with self._lock:
+            self._own.pop((folder_id, parts[-1]), None)
+            self._listing.get(folder_id, {}).pop(parts[-1], None)
+            self._appended.pop(path, None)
+
+    def remove_empty_dir(self, folder: str) -> bool:
+        parts = self._parts(folder)
+        folder_id = self._folder(parts, create=False)
+        if folder_id is None:
+            return True
+        if self._list_query(f"{_quote(folder_id)} in parents and trashed = false"):
+            return False
+        self._delete_id(folder_id)
+        self._forget_folder(parts)
+        return True
+
+    def move(self, src: str, dst: str) -> None:
+        src_parts, dst_parts = self._parts(src), self._parts(dst)
+        located = self._locate(src_parts)
+        if located is None:
+            raise FileNotFoundError(src)
+        src_parent, entry = located
+        dst_parent = self._folder(dst_parts[:-1], create=True)
+        self._call(
+            lambda: self.service.files().update(
+                fileId=entry.id,
+                addParents=dst_parent,
+                removeParents=src_parent,
+                body={"name": dst_parts[-1]},
+                fields="id",
+            )
+        )
+        with self._lock:
+            self._own.pop((src_parent, src_parts[-1]), None)
+            self._listing.pop(src_parent, None)
+            self._listing.pop(dst_parent, None)
+        if entry.is_dir:
+            self._forget_folder(src_parts)
+
+    def _forget_folder(self, parts: list[str]) -> None:
+        """Drop cached ids at and under a folder that moved or vanished."""
+        with self._lock:
+            self._folders.clear()
+            self._listing.clear()
+            self._own.clear()
+            self._appended.clear()
+
+
+def parse_drive_url(url: str) -> tuple[str, str]:
+    """``gdrive://<folder-id>/a/b`` -> (folder id, "a/b")."""
+    rest = url[len("gdrive://") :]
+    folder_id, _, prefix = rest.partition("/")
+    return folder_id, prefix.strip("/")
+
+
+def build_service(
+    credentials_file: str | None = None, token_file: str | None = None, api_url: str | None = None
+) -> Any:
+    """A Drive v3 client with the first credentials found (see :func:`find_credentials`)."""
+    from googleapiclient.discovery import build, build_from_document
+
+    credentials = find_credentials(credentials_file, token_file, allow_anonymous=api_url is not None)
+    if api_url is None:
+        return build("drive", "v3", credentials=credentials, cache_discovery=False)
+    import googleapiclient
+
+    doc_path = PurePosixPath(googleapiclient.__file__).parent / "discovery_cache/documents/drive.v3.json"
+    doc = json.loads(open(doc_path, encoding="utf-8").read())  # noqa: SIM115
+    doc["rootUrl"] = api_url if api_url.endswith("/") else api_url + "/"
+    return build_from_document(doc, credentials=credentials)
+
+
+def find_credentials(credentials_file: str | None, token_file: str | None, allow_anonymous: bool = False) -> Any:
+    """Service-account or authorized-user JSON, else Colab's or the machine's default credentials."""
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    if credentials_file:
+        credentials, _ = google.auth.load_credentials_from_file(credentials_file, scopes=SCOPES)
+        return credentials
+    if token_file:
+        from google.oauth2.credentials import Credentials
+
+        return Credentials.from_authorized_user_file(token_file, scopes=SCOPES)
+    try:
+        from google.colab import auth  # type: ignore[import-not-found]
+
+        auth.authenticate_user()
+    except ImportError:
+        pass
+    try:
+        credentials, _ = google.auth.default(scopes=SCOPES)
+        return credentials
+    except DefaultCredentialsError:
+        if allow_anonymous:
+            from google.auth.credentials import AnonymousCredentials
+
+            logger.warning("no Google credentials: talking to %s anonymously", "the configured Drive API URL")
+            return AnonymousCredentials()
+        raise DriveAuthError(
+            "no Google credentials for GDRIVE_PATH=gdrive://...: set GOOGLE_APPLICATION_CREDENTIALS to a service "
+            "account's JSON key (and share the folder with its e-mail), or GDRIVE_TOKEN_FILE to an authorized-user "
+            "token file, or run in Colab (it asks you to sign in); see README, 'Google Drive without a mount'"
+        ) from None
