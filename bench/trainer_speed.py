@@ -24,8 +24,10 @@ from swarm_gdrive.models import load_model_and_tokenizer, resolve_model
 from swarm_gdrive.tasks import build_messages
 from swarm_gdrive.trainer import PolicyTrainer, TrainGroup, TrainSettings, peak_memory_mb, pick_device
 
-QUESTIONS = [f"What is {a} + {b}? Explain your steps, then answer." for a, b in
-             [(3, 4), (12, 9), (7, 15), (21, 8), (5, 5), (30, 12), (9, 27), (14, 6)]]
+QUESTIONS = [
+    f"What is {a} + {b}? Explain your steps, then answer."
+    for a, b in [(3, 4), (12, 9), (7, 15), (21, 8), (5, 5), (30, 12), (9, 27), (14, 6)]
+]
 
 
 def load(model: str, device: torch.device, random_init: bool, cache: Path):
@@ -65,8 +67,12 @@ def main() -> None:
 
     device = pick_device(args.device, cpu_only=False)
     model, tokenizer = load(args.model, device, args.random_init, Path(args.cache))
-    settings = TrainSettings(max_new_tokens=args.new_tokens, micro_batch_size=args.micro_batch,
-                             gen_batch_size=args.prompts * args.generations, learning_rate=1e-6)
+    settings = TrainSettings(
+        max_new_tokens=args.new_tokens,
+        micro_batch_size=args.micro_batch,
+        gen_batch_size=args.prompts * args.generations,
+        learning_rate=1e-6,
+    )
     trainer = PolicyTrainer(model, tokenizer, settings, device)
     prompts = [trainer.prompt_ids(build_messages(q)) for q in QUESTIONS[: args.prompts]]
     # Force full-length completions so both generation modes produce the same number of tokens.
@@ -85,8 +91,10 @@ def main() -> None:
     sync(device)
     one_by_one_s = time.monotonic() - started
 
-    groups = [TrainGroup(p, ids, [float(i % 2) for i in range(len(ids))])
-              for p, ids in zip(prompts, batched.token_ids, strict=True)]
+    groups = [
+        TrainGroup(p, ids, [float(i % 2) for i in range(len(ids))])
+        for p, ids in zip(prompts, batched.token_ids, strict=True)
+    ]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     sync(device)

@@ -46,6 +46,7 @@ DEMO_TRAINING = {
     "LEARNING_RATE": "5e-6",
     "CHECKPOINT_INTERVAL": "1000",
     "DEVICE": "cpu",
+    "EVAL_SAMPLES": "8",  # held-out pass@1 before the first round and after the last
 }
 
 
@@ -75,6 +76,11 @@ def demo_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
         env.update(DEMO_TRAINING)
         env["MODEL_NAME"] = args.model
         env["DEVICE"] = args.device
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"swarm-gdrive: error: --set {item!r}: write VARIABLE=value")
+        env[key] = value
     return env
 
 
@@ -128,7 +134,8 @@ def _tiny_model(folder: Path) -> Path:
 
 
 def _progress_sink(line: str) -> None:
-    if "stage " in line and "reward" in line or "round_advanced" in line or "error" in line.lower():
+    keep = ("round_advanced", "held-out pass@1", "error")
+    if "stage " in line and "reward" in line or any(k in line.lower() for k in keep):
         print(line, flush=True)
 
 
@@ -190,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--device", default="cpu", help="DEVICE of every worker: cpu, cuda or cuda:N (all share it)")
     demo.add_argument("--timeout", type=float, default=900.0, help="seconds before the demo gives up")
     demo.add_argument("--verbose", action="store_true", help="show every log line of every node")
+    demo.add_argument(
+        "--set",
+        action="append",
+        metavar="VARIABLE=value",
+        help="override a node variable, e.g. --set EVAL_SAMPLES=16 (repeatable)",
+    )
     report = sub.add_parser("report", help="CSVs, PNG plots and an HTML page of an experiment (reads only)")
     report.add_argument("--out", required=True, help="folder to write the report into")
     report.add_argument("--folder", help="the shared folder (default: GDRIVE_PATH)")

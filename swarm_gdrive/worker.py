@@ -200,6 +200,8 @@ class Worker:
         self.heartbeat.set_round(round_)
         started = time.monotonic()
         calls_before = dict(self.exchange.stats)
+        backend = getattr(self.exchange.storage, "counters", None)  # a remote backend's API calls and bytes
+        backend_before = dict(backend) if backend is not None else {}
         if self.config.eval_interval and round_ % self.config.eval_interval == 0:
             self.evaluate(round_, state.run_id)
         buffered: list[RolloutBatch] = []
@@ -218,6 +220,8 @@ class Worker:
                 )
         after = self.workload.end_round(round_, final=False)
         stats = {f"storage/{k}": v - calls_before[k] for k, v in self.exchange.stats.items()}
+        if backend is not None:
+            stats.update({f"storage/backend_{k}": v - backend_before.get(k, 0) for k, v in backend.items()})
         self.log.metric({"round/seconds": time.monotonic() - started, **stats, **after})
         self.log.flush()
         self.identity.write_local(last_round=round_)

@@ -445,7 +445,15 @@ def build_service(
     """A Drive v3 client with the first credentials found (see :func:`find_credentials`)."""
     from googleapiclient.discovery import build, build_from_document
 
-    credentials = find_credentials(credentials_file, token_file, allow_anonymous=api_url is not None)
+    if api_url is not None and not (credentials_file or token_file):
+        # Another endpoint (a proxy, the test emulator) and no key: do not look for Google's default
+        # credentials, which would probe the cloud metadata server.
+        from google.auth.credentials import AnonymousCredentials
+
+        logger.warning("GDRIVE_API_URL is set and no credentials are: talking to %s anonymously", api_url)
+        credentials: Any = AnonymousCredentials()
+    else:
+        credentials = find_credentials(credentials_file, token_file)
     if api_url is None:
         return build("drive", "v3", credentials=credentials, cache_discovery=False)
     import googleapiclient
@@ -456,7 +464,7 @@ def build_service(
     return build_from_document(doc, credentials=credentials)
 
 
-def find_credentials(credentials_file: str | None, token_file: str | None, allow_anonymous: bool = False) -> Any:
+def find_credentials(credentials_file: str | None, token_file: str | None) -> Any:
     """Service-account or authorized-user JSON, else Colab's or the machine's default credentials."""
     import google.auth
     from google.auth.exceptions import DefaultCredentialsError
@@ -478,11 +486,6 @@ def find_credentials(credentials_file: str | None, token_file: str | None, allow
         credentials, _ = google.auth.default(scopes=SCOPES)
         return credentials
     except DefaultCredentialsError:
-        if allow_anonymous:
-            from google.auth.credentials import AnonymousCredentials
-
-            logger.warning("no Google credentials: talking to %s anonymously", "the configured Drive API URL")
-            return AnonymousCredentials()
         raise DriveAuthError(
             "no Google credentials for GDRIVE_PATH=gdrive://...: set GOOGLE_APPLICATION_CREDENTIALS to a service "
             "account's JSON key (and share the folder with its e-mail), or GDRIVE_TOKEN_FILE to an authorized-user "
