@@ -181,12 +181,16 @@ def _read_manifest(storage: Storage, folder: str, node_id: str, round_: int) -> 
     return manifest
 
 
-def load_latest(storage: Storage, layout: Layout, node_id: str, into: Path) -> Restored | None:
+def load_latest(
+    storage: Storage, layout: Layout, node_id: str, into: Path, before: int | None = None
+) -> Restored | None:
     """Download this node's newest valid checkpoint into ``into``; None if there is none.
 
     A checkpoint that fails any check is skipped with a logged reason and the next older one is tried.
     """
     for round_ in reversed(_rounds(storage, layout, node_id)):
+        if before is not None and round_ >= before:
+            continue
         folder = layout.checkpoint_dir(node_id, round_)
         target = into / f"round_{round_}"
         try:

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -74,14 +75,16 @@ def _env(
     return field(default=default, metadata=meta, repr=not secret)
 
 
-def _parse_int(minimum: int) -> Callable[[str, str], int]:
+def _parse_int(minimum: int, maximum: int | None = None) -> Callable[[str, str], int]:
+    allowed = f"use a whole number >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+
     def parse(var: str, raw: str) -> int:
         try:
             value = int(raw.strip())
         except ValueError:
-            raise ConfigError(var, raw, f"use a whole number >= {minimum}") from None
-        if value < minimum:
-            raise ConfigError(var, raw, f"use a whole number >= {minimum}")
+            raise ConfigError(var, raw, allowed) from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise ConfigError(var, raw, allowed)
         return value
 
     return parse
@@ -103,7 +106,7 @@ def _parse_float(minimum: float, maximum: float = float("inf")) -> Callable[[str
             value = float(raw.strip())
         except ValueError:
             raise ConfigError(var, raw, f"use a number in [{minimum:g}, {maximum:g}]") from None
-        if not minimum <= value <= maximum or value != value:
+        if not minimum <= value <= maximum or not math.isfinite(value):
             raise ConfigError(var, raw, f"use a number in [{minimum:g}, {maximum:g}]")
         return value
 
@@ -152,6 +155,16 @@ def _parse_text(var: str, raw: str) -> str:
 
 def _parse_optional_text(var: str, raw: str) -> str | None:
     return raw.strip() or None
+
+
+def _parse_json_text(var: str, raw: str) -> str | None:
+    """Canonical JSON text (sorted keys, no spaces), so that spacing does not change a fingerprint."""
+    if not raw.strip():
+        return None
+    try:
+        return json.dumps(json.loads(raw), sort_keys=True, separators=(",", ":"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(var, raw, f"not JSON ({exc.msg} at column {exc.colno}): write a JSON object") from None
 
 
 def _parse_optional_name(var: str, raw: str) -> str | None:
@@ -263,7 +276,7 @@ class Config:
         "NUM_TRAIN_SAMPLES", 8, "I: questions a worker draws and answers per stage.", _parse_int(1)
     )
     num_generations: int = _env(
-        "NUM_GENERATIONS", 8, "G: completions per question (the GRPO group size).", _parse_int(1)
+        "NUM_GENERATIONS", 8, "G: completions per question (the GRPO group size), at most 64.", _parse_int(1, 64)
     )
     num_transplant_trees: int = _env(
         "NUM_TRANSPLANT_TREES", 0, "J: groups taken from other nodes per stage (SAPO); 0 is plain GRPO.", _parse_int(0)
@@ -348,7 +361,7 @@ class Config:
         "TASK_CONFIG",
         None,
         'Per-task difficulty as a JSON object, e.g. {"chain_sum": {"min_terms": 2, "max_terms": 2}}.',
-        _parse_optional_text,
+        _parse_json_text,
     )
     task_difficulty: str = _env(
         "TASK_DIFFICULTY",
@@ -387,10 +400,10 @@ class Config:
         _parse_bool,
     )
     max_new_tokens: int = _env(
-        "MAX_NEW_TOKENS", 256, "Longest completion, tokens (TRL max_completion_length).", _parse_int(1)
+        "MAX_NEW_TOKENS", 256, "Longest completion in tokens (TRL max_completion_length), <= 4096.", _parse_int(1, 4096)
     )
     temperature: float = _env(
-        "TEMPERATURE", 1.0, "Sampling temperature (also divides the logits in the loss).", _parse_seconds
+        "TEMPERATURE", 1.0, "Sampling temperature (also divides the logits in the loss).", _parse_float(0.01, 100.0)
     )
     top_p: float = _env("TOP_P", 1.0, "Nucleus sampling mass.", _parse_float(0.01, 1.0))
     learning_rate: float = _env("LEARNING_RATE", 1e-6, "AdamW learning rate.", _parse_float(0.0, 1.0))
@@ -409,7 +422,7 @@ class Config:
         "LOSS_TYPE", "grpo", "grpo, bnpo, dr_grpo or dapo (TRL loss_type).", _parse_choice(LOSS_TYPES)
     )
     beta: float = _env("BETA", 0.0, "KL weight to a frozen reference; 0 loads no reference model.", _parse_float(0.0))
-    epsilon: float = _env("EPSILON", 0.2, "Lower clipping range.", _parse_float(0.0, 1.0))
+    epsilon: float = _env("EPSILON", 0.2, "Lower clipping range, below 1.", _parse_float(0.0, 0.99))
     epsilon_high: float = _env("EPSILON_HIGH", 0.28, "Upper clipping range (SAPO: 0.28).", _parse_float(0.0, 10.0))
     format_reward_weight: float = _env(
         "FORMAT_REWARD_WEIGHT", 0.0, "Weight of the format reward; 0 is off.", _parse_float(0.0, 10.0)

@@ -103,6 +103,8 @@ class GRPOWorkload:
         self._generation: dict[str, float] = {}
         self._last_checkpoint: int | None = None
         self.restored_digest: str | None = None
+        self.trained_or_restored = False
+        self._last_push: int | None = None
 
     # -- Workload --------------------------------------------------------------------------
 
@@ -240,27 +242,53 @@ class GRPOWorkload:
 
     def resume(self) -> int | None:
         """Load this node's latest valid checkpoint, if any; returns its round."""
-        restored = checkpoint.load_latest(
-            self.storage, self.layout, self.node_id, Path(self.config.local_dir) / "restore" / self.node_id
-        )
-        if restored is None:
-            return None
+        into = Path(self.config.local_dir) / "restore" / self.config.experiment_name / self.node_id
+        before: int | None = None
+        while True:
+            restored = checkpoint.load_latest(self.storage, self.layout, self.node_id, into, before=before)
+            if restored is None:
+                return None
+            try:
+                round_ = self._load(restored)
+                break
+            except Exception as exc:  # noqa: BLE001 - a checkpoint that does not load: try the one before
+                logger.warning(
+                    "checkpoint of round %d does not load (%s: %s); trying an older one",
+                    restored.round,
+                    type(exc).__name__,
+                    exc,
+                )
+                before = restored.round
+        for task, level in checkpoint.read_extra(restored.folder).get("curriculum", {}).items():
+            if task in self.bank.current_level and isinstance(level, int):
+                self.bank.set_level(task, min(level, len(self.bank.levels[task]) - 1))
+        self._last_checkpoint = round_
+        self.trained_or_restored = True
+        self.restored_digest = checkpoint.param_digest(self.trainer.model)
+        logger.info("resumed from checkpoint of round %d (parameters %s)", round_, self.restored_digest)
+        return round_
+
+    def _load(self, restored: checkpoint.Restored) -> int:
         from transformers import AutoModelForCausalLM
 
         saved = AutoModelForCausalLM.from_pretrained(restored.folder, dtype=torch.float32, use_safetensors=True)
         self.trainer.model.load_state_dict(saved.state_dict())
         round_ = checkpoint.restore_training_state(restored.folder, self.trainer.optimizer)
-        for task, level in checkpoint.read_extra(restored.folder).get("curriculum", {}).items():
-            if task in self.bank.current_level and isinstance(level, int):
-                self.bank.set_level(task, min(level, len(self.bank.levels[task]) - 1))
-        self._last_checkpoint = round_
-        self.restored_digest = checkpoint.param_digest(self.trainer.model)
-        logger.info("resumed from checkpoint of round %d (parameters %s)", round_, self.restored_digest)
+        for group in self.trainer.optimizer.param_groups:  # LEARNING_RATE as configured now, not as saved
+            group["lr"] = self.config.learning_rate
         return round_
 
     def end_round(self, round_: int, final: bool) -> dict[str, float]:
-        """Checkpoint every CHECKPOINT_INTERVAL rounds and at the end; push to the Hub when due."""
+        """Checkpoint every CHECKPOINT_INTERVAL rounds and at the end; push to the Hub when due.
+
+        Nothing is saved or pushed by a process that neither trained nor restored a model: its
+        weights would be the untrained ones, mislabelled with the round.
+        """
         metrics: dict[str, float] = {}
+        if not final:
+            self.trained_or_restored = True
+        if not self.trained_or_restored:
+            return metrics
         due = (round_ + 1) % self.config.checkpoint_interval == 0 or final
         if due and self._last_checkpoint != round_:
             started = time.monotonic()
@@ -278,7 +306,9 @@ class GRPOWorkload:
             self._last_checkpoint = round_
             metrics["checkpoint/seconds"] = time.monotonic() - started
         token = self.config.huggingface_access_token
-        if token and ((round_ + 1) % self.config.hub_push_interval == 0 or final):
+        due_push = (round_ + 1) % self.config.hub_push_interval == 0 or final
+        if token and due_push and self._last_push != round_:
+            self._last_push = round_
             metrics["hub/pushed"] = float(
                 hub.push(
                     self.trainer.model,

@@ -16,6 +16,7 @@ from swarm_gdrive import logctx
 from swarm_gdrive.config import Config, ConfigError, from_env
 from swarm_gdrive.coordinator import Coordinator, ExperimentMismatchError
 from swarm_gdrive.identity import IdentityError, claim_identity
+from swarm_gdrive.models import ModelNotFoundError
 from swarm_gdrive.storage import Storage, StorageError, open_storage
 from swarm_gdrive.worker import Worker
 from swarm_gdrive.workload import SyntheticWorkload, Workload
@@ -87,11 +88,17 @@ def run_node(environ: Mapping[str, str] | None = None, stop: threading.Event | N
         if config.is_coordinator:
             return Coordinator(config, storage, identity.node_id, stop).run()
         return Worker(config, storage, identity, make_workload(config, storage, identity.node_id, stop), stop).run()
-    except ExperimentMismatchError as exc:
+    except (ExperimentMismatchError, ModelNotFoundError, _device_error()) as exc:
         print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     finally:
         identity.release()
+
+
+def _device_error() -> type[Exception]:
+    """trainer.DeviceError when torch is already loaded (a worker), else a class nothing raises."""
+    trainer = sys.modules.get("swarm_gdrive.trainer")
+    return trainer.DeviceError if trainer is not None else ExperimentMismatchError
 
 
 def main() -> None:

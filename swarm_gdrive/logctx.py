@@ -42,12 +42,44 @@ class RedactFilter(logging.Filter):
         return True
 
 
+class RedactingFormatter(logging.Formatter):
+    """Redacts secrets from the whole formatted line, tracebacks included."""
+
+    def __init__(self, fmt: str, secrets: list[str]) -> None:
+        super().__init__(fmt)
+        self.secrets = [s for s in secrets if s]
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        for secret in self.secrets:
+            text = text.replace(secret, "<redacted>")
+        return text
+
+
+def _redact_every_record(secrets: list[str]) -> None:
+    """Redact at record creation, so loggers with their own handlers (transformers, huggingface_hub) do too."""
+    secrets = [s for s in secrets if s]
+    if not secrets:
+        return
+    previous = logging.getLogRecordFactory()
+    redact = RedactFilter(secrets)
+
+    def factory(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        redact.filter(record)
+        return record
+
+    logging.setLogRecordFactory(factory)
+
+
 def setup(level: str, secrets: list[str] | None = None) -> None:
     """Configure the root logger once, for a node process; ``secrets`` never reach the output."""
+    secrets = [s for s in secrets or [] if s]
+    _redact_every_record(secrets)
     handler = logging.StreamHandler()
     handler.addFilter(ContextFilter())
-    handler.addFilter(RedactFilter(secrets or []))
-    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.addFilter(RedactFilter(secrets))
+    handler.setFormatter(RedactingFormatter(FORMAT, secrets))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from swarm_gdrive import grpo
+from swarm_gdrive.records import MAX_COMPLETION_CHARS
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,10 @@ class TrainGroup:
     rewards: list[float]
 
 
+class DeviceError(ValueError):
+    """DEVICE names a device this machine does not have; the message says what to set."""
+
+
 def pick_device(requested: str, cpu_only: bool) -> torch.device:
     """DEVICE (auto | cpu | cuda | cuda:N) and CPU_ONLY to a torch device; explicit, never a device_map."""
     if cpu_only or requested == "cpu":
@@ -68,10 +73,10 @@ def pick_device(requested: str, cpu_only: bool) -> torch.device:
     if requested == "auto":
         return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     if not torch.cuda.is_available():
-        raise RuntimeError(f"DEVICE={requested!r}: CUDA is not available here; use DEVICE=cpu or CPU_ONLY=true")
+        raise DeviceError(f"DEVICE={requested!r}: CUDA is not available here; use DEVICE=cpu or CPU_ONLY=true")
     device = torch.device(requested)
     if device.index is not None and device.index >= torch.cuda.device_count():
-        raise RuntimeError(f"DEVICE={requested!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+        raise DeviceError(f"DEVICE={requested!r}: only {torch.cuda.device_count()} CUDA device(s) here")
     return device
 
 
@@ -181,7 +186,8 @@ class PolicyTrainer:
                 group = [self._trim(c) for c in completions[p * num_generations : (p + 1) * num_generations]]
                 new_tokens += sum(len(c) for c in group)
                 ids.append(group)
-                texts.append([self.tokenizer.decode(c, skip_special_tokens=True) for c in group])
+                # A completion never exceeds what a rollout file may carry (records.MAX_COMPLETION_CHARS).
+                texts.append([self.tokenizer.decode(c, skip_special_tokens=True)[:MAX_COMPLETION_CHARS] for c in group])
         return Generation(texts, ids, new_tokens, time.monotonic() - started)
 
     def _trim(self, tokens: list[int]) -> list[int]:

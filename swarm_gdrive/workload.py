@@ -72,6 +72,8 @@ class SyntheticWorkload:
     way the real workload does. ``train`` performs no update; it simulates compute time.
     """
 
+    stateless = True  # no model: nothing to checkpoint or resume
+
     def __init__(
         self, num_samples: int, num_generations: int, step_seconds: float, stop: threading.Event | None = None
     ) -> None:

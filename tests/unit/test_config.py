@@ -83,7 +83,7 @@ VALID: dict[str, tuple[str, str, object, dict[str, str]]] = {
     "TASK_CONFIG": (
         '{"chain_sum": {"min_terms": 2}}',
         "task_config",
-        '{"chain_sum": {"min_terms": 2}}',
+        '{"chain_sum":{"min_terms":2}}',
         {"WORKLOAD": "grpo", "TASKS": "chain_sum"},
     ),
     "MAX_NEW_TOKENS": ("64", "max_new_tokens", 64, {}),
@@ -278,7 +278,6 @@ def test_unknown_choice(base: dict[str, str], var: str, raw: str, choices: str) 
         ("MAX_ROUNDS", "abc", 1),
         ("MAX_ROUNDS", "2.5", 1),
         ("MAX_ROUNDS", "", 1),
-        ("NUM_GENERATIONS", "0", 1),
         ("NUM_TRANSPLANT_TREES", "-1", 0),
         ("NUM_STAGES", "0", 1),
         ("MIN_WORKERS", "0", 1),
@@ -291,6 +290,16 @@ def test_bad_counts(base: dict[str, str], var: str, raw: str, minimum: int) -> N
     err = config_error({**base, var: raw})
     assert str(err) == f"{var}={raw!r}: {INT_FIX.format(minimum)}"
     assert_one_line(err, var, raw)
+
+
+def test_bounded_counts_name_both_bounds(base: dict[str, str]) -> None:
+    for var, raw, top in (
+        ("NUM_GENERATIONS", "0", 64),
+        ("NUM_GENERATIONS", "65", 64),
+        ("MAX_NEW_TOKENS", "5000", 4096),
+    ):
+        err = config_error({**base, var: raw})
+        assert str(err) == f"{var}={raw!r}: use a whole number >= 1 and <= {top}"
 
 
 def test_zero_transplant_trees_is_plain_grpo(base: dict[str, str]) -> None:

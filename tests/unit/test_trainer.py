@@ -15,7 +15,8 @@ pytest.importorskip("transformers")
 from swarm_gdrive import grpo  # noqa: E402
 from swarm_gdrive.models import load_model_and_tokenizer  # noqa: E402
 from swarm_gdrive.tiny_model import build_tiny_model  # noqa: E402
-from swarm_gdrive.trainer import (  # noqa: E402
+from swarm_gdrive.trainer import (
+    DeviceError,  # noqa: E402
     PolicyTrainer,
     TrainGroup,
     TrainSettings,
@@ -205,7 +206,7 @@ def test_auto_without_cuda_gives_the_cpu() -> None:
 @pytest.mark.usefixtures("no_cuda")
 @pytest.mark.parametrize("requested", ["cuda:0", "cuda"])
 def test_cuda_without_cuda_raises_naming_device(requested: str) -> None:
-    with pytest.raises(RuntimeError, match="DEVICE") as info:
+    with pytest.raises(DeviceError, match="DEVICE") as info:
         pick_device(requested, cpu_only=False)
     assert repr(requested) in str(info.value)
     assert "CPU_ONLY" in str(info.value) or "DEVICE=cpu" in str(info.value)
