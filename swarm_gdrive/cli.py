@@ -175,6 +175,22 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from swarm_gdrive.analysis import compare, format_table
+    from swarm_gdrive.config import ConfigError, from_env
+    from swarm_gdrive.storage import open_storage
+
+    env = {"GDRIVE_PATH": args.folder} if args.folder else {}
+    try:
+        config = from_env({**os.environ, **env, "NODE_ROLE": "coordinator"})
+    except ConfigError as exc:
+        print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
+        return 2
+    rows = compare(open_storage(config.gdrive_path), args.experiments, args.baseline, args.rounds)
+    print(format_table(rows))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swarm-gdrive", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -207,10 +223,15 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", required=True, help="folder to write the report into")
     report.add_argument("--folder", help="the shared folder (default: GDRIVE_PATH)")
     report.add_argument("--experiment", help="experiment name (default: EXPERIMENT_NAME)")
+    comp = sub.add_parser("compare", help="configurations of a study against a baseline (cumulative reward, eval)")
+    comp.add_argument("experiments", nargs="+", help="experiment names in the shared folder")
+    comp.add_argument("--baseline", required=True, help="the experiment every other one is compared with")
+    comp.add_argument("--rounds", type=int, help="compare over the first N rounds (default: all common rounds)")
+    comp.add_argument("--folder", help="the shared folder (default: GDRIVE_PATH)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    handlers = {"run": _cmd_run, "env": _cmd_env, "demo": _cmd_demo, "report": _cmd_report}
+    handlers = {"run": _cmd_run, "env": _cmd_env, "demo": _cmd_demo, "report": _cmd_report, "compare": _cmd_compare}
     sys.exit(handlers[args.command](args))

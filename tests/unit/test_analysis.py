@@ -1,0 +1,97 @@
+"""Comparing configurations of a study on reward files and eval records written into a real folder."""
+
+from __future__ import annotations
+
+import math
+import random
+import subprocess
+
+import pytest
+
+from swarm_gdrive.analysis import bootstrap_ci, compare, cumulative_rewards, format_table, hedges_g, permutation_p
+from swarm_gdrive.exchange import Exchange
+from swarm_gdrive.layout import Layout
+from swarm_gdrive.records import EvalRecord, RewardRecord, TaskEval
+from swarm_gdrive.storage import LocalStorage
+
+RUN = "0123456789abcdef"
+
+
+def write_experiment(storage: LocalStorage, name: str, rewards: dict[str, list[float]], evals=None) -> None:
+    ex = Exchange(storage, Layout(name), "writer", RUN)
+    for node, per_round in rewards.items():
+        for round_, reward in enumerate(per_round):
+            ex.write_reward(
+                RewardRecord(
+                    node_id=node,
+                    run_id=RUN,
+                    round=round_,
+                    stage=0,
+                    reward=reward,
+                    num_local_groups=4,
+                    num_external_groups=0,
+                    external_requested=0,
+                    submitted_at=1.0,
+                )
+            )
+    for (node, round_), pass1 in (evals or {}).items():
+        ex.write_eval(
+            EvalRecord(
+                node_id=node,
+                run_id=RUN,
+                round=round_,
+                created_at=1.0,
+                results=[TaskEval(task="chain_sum", n=16, pass1=pass1, mean_score=pass1)],
+            )
+        )
+
+
+def test_cumulative_reward_sums_per_round_means_over_common_rounds(tmp_path):
+    storage = LocalStorage(tmp_path)
+    write_experiment(storage, "base", {"a": [0.1, 0.2, 0.3], "b": [0.0, 0.0, 0.5]})
+    assert cumulative_rewards(storage, "base") == pytest.approx({"a": 0.6, "b": 0.5})
+    assert cumulative_rewards(storage, "base", rounds=2) == pytest.approx({"a": 0.3, "b": 0.0})
+
+
+def test_compare_reports_difference_interval_p_value_and_eval_change(tmp_path):
+    storage = LocalStorage(tmp_path)
+    rng = random.Random(1)
+    base = {f"w{i}": [0.1 + rng.uniform(-0.02, 0.02) for _ in range(10)] for i in range(8)}
+    better = {f"w{i}": [0.3 + rng.uniform(-0.02, 0.02) for _ in range(12)] for i in range(8)}
+    write_experiment(storage, "sapo-8-0", base, {("w0", 0): 0.25, ("w0", 10): 0.25})
+    write_experiment(storage, "sapo-4-4", better, {("w0", 0): 0.25, ("w1", 0): 0.25, ("w0", 12): 0.5})
+    rows = compare(storage, ["sapo-4-4"], baseline="sapo-8-0")
+    baseline, sapo = rows
+    assert baseline.experiment == "sapo-8-0" and baseline.difference == 0.0 and sapo.rounds == 10  # common rounds
+    assert sapo.difference == pytest.approx(2.0, abs=0.1)
+    assert sapo.difference_ci[0] > 1.8 and sapo.difference_ci[1] < 2.2
+    assert sapo.cumulative_ci[0] <= sapo.cumulative_mean <= sapo.cumulative_ci[1]
+    assert sapo.p_value < 0.01 and sapo.hedges_g > 5
+    assert sapo.eval_first == 0.25 and sapo.eval_last == 0.5 and sapo.eval_change == 0.25
+    table = format_table(rows)
+    assert "| sapo-4-4 | 8 | 10 |" in table and "+2.0" in table
+
+
+def test_no_difference_gives_a_large_p_value_and_an_interval_around_zero():
+    rng = random.Random(3)
+    a = [rng.gauss(1.0, 0.1) for _ in range(8)]
+    b = [rng.gauss(1.0, 0.1) for _ in range(8)]
+    assert permutation_p(a, b, random.Random(0)) > 0.05
+    low, high = bootstrap_ci(a, random.Random(0))
+    assert low < sum(a) / len(a) < high
+    assert abs(hedges_g(a, b)) < 1.5
+    assert math.isnan(hedges_g([1.0], [2.0]))
+
+
+def test_compare_command_prints_the_table(tmp_path):
+    storage = LocalStorage(tmp_path)
+    write_experiment(storage, "base", {"a": [0.1, 0.2], "b": [0.2, 0.2]})
+    write_experiment(storage, "other", {"a": [0.5, 0.5], "b": [0.4, 0.6]})
+    result = subprocess.run(
+        ["swarm-gdrive", "compare", "other", "--baseline", "base", "--folder", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "| base | 2 | 2 |" in result.stdout and "| other | 2 | 2 |" in result.stdout
