@@ -20,7 +20,11 @@ setup(
     install_requires=requirements,
     extras_require={
         # trl: the reference GRPO implementation the loss is tested against (not needed at run time).
-        "test": ["pytest>=8", "ruff>=0.6", "trl>=1.16,<2", "accelerate>=1.0", "datasets>=3"],
+        # s3fs + moto: the S3 backend tested against moto's S3 server on 127.0.0.1.
+        "test": ["pytest>=8", "ruff>=0.6", "trl>=1.16,<2", "accelerate>=1.0", "datasets>=3", "s3fs>=2024.2",
+                 "moto[server]>=5"],
+        "s3": ["s3fs>=2024.2"],
+        "gcs": ["gcsfs>=2024.2"],
     },
     entry_points={"console_scripts": ["swarm-gdrive=swarm_gdrive.cli:main"]},
 )

@@ -194,6 +194,8 @@ def _parse_gdrive_path(var: str, raw: str) -> str:
     if not text:
         raise ConfigError(var, raw, "set it to the shared folder, e.g. /content/drive/MyDrive/rl-swarm")
     url = _URL.fullmatch(text)
+    if url and url.group(1) == "file":  # file:///path is a local folder
+        text, url = url.group(2), None
     if url:  # gdrive://<folder-id>/path (Drive API) or any fsspec URL (s3://, gs://, memory://, ...)
         return _parse_storage_url(var, raw, url.group(1), url.group(2))
     path = Path(text).expanduser()

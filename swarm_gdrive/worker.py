@@ -168,8 +168,13 @@ class Worker:
             )
             last = restored
         elif last is not None and not getattr(self.workload, "stateless", False):
-            self.log.event("resumed_without_checkpoint", f"no checkpoint of this node: rounds up to {last} are "
-                           "not in the model, which starts again from MODEL_NAME", level="warning", round_=last)
+            self.log.event(
+                "resumed_without_checkpoint",
+                f"no checkpoint of this node: rounds up to {last} are "
+                "not in the model, which starts again from MODEL_NAME",
+                level="warning",
+                round_=last,
+            )
         target = 0 if last is None else last + 1
         while True:
             state = self._next_state(target)

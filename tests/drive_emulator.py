@@ -455,8 +455,11 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
+    wbufsize = -1  # buffer headers and body into one send: unbuffered small writes stall on Nagle + delayed ACK
+
     def setup(self) -> None:
         super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.server.emulator._track(self.connection, True)
 
     def finish(self) -> None:

@@ -22,10 +22,12 @@ Every API call and byte is counted in :attr:`DriveStorage.counters`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
 import logging
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -41,6 +43,9 @@ logger = logging.getLogger(__name__)
 FOLDER_MIME = "application/vnd.google-apps.folder"
 SCOPES = ["https://www.googleapis.com/auth/drive"]
 RESUMABLE_ABOVE = 5 * 1024 * 1024
+#: A folder younger than this may still get a duplicate from a node whose listing lags: re-check it.
+YOUNG_FOLDER_S = 120.0
+RECHECK_YOUNG_S = 2.0
 _FILE_FIELDS = "id,name,mimeType,size,md5Checksum,modifiedTime,createdTime"
 _LIST_FIELDS = f"nextPageToken,files({_FILE_FIELDS})"
 _RETRY_REASONS = {"userRateLimitExceeded", "rateLimitExceeded", "backendError", "internalError"}
@@ -63,6 +68,7 @@ class _Entry:
     md5: str | None
     mtime: float
     ctime: float
+    parent: str = ""
 
 
 def _time(value: str | None) -> float:
@@ -139,12 +145,14 @@ class DriveStorage:
         self._attempts = retry_attempts
         self._max_wait = retry_max_wait
         self._lock = threading.RLock()
-        self._folders: dict[tuple[str, str], str] = {}  # (parent id, name) -> folder id
+        self._api_lock = threading.Lock()
+        # folder path -> (ids of every folder at that path, oldest first; when resolved; newest createdTime)
+        self._folders: dict[tuple[str, ...], tuple[list[str], float, float]] = {}
         self._listing: dict[str, dict[str, _Entry]] = {}  # folder id -> name -> entry (newest duplicate)
         self._listed_at: dict[str, float] = {}  # folder id -> when it was listed (monotonic)
         self._cache_ttl = cache_ttl  # ids are re-resolved after this long: folders can be moved (a reset)
-        self._folders_at = time.monotonic()
         self._own: dict[tuple[str, str], _Entry] = {}  # (folder id, name) -> what this node wrote last
+        self._own_by_path: dict[str, _Entry] = {}  # storage path -> the same entry
         self._appended: dict[str, bytes] = {}  # own append-only files: content, so an append is one upload
         self.counters = {"api_calls": 0, "bytes_up": 0, "bytes_down": 0, "retries": 0}
 
@@ -167,14 +175,18 @@ class DriveStorage:
                     self.counters["retries"] += 1
                 self.counters["api_calls"] += 1
                 try:
-                    return request_factory().execute(num_retries=0)
+                    with self._api_lock:  # httplib2 connections are not thread-safe (heartbeat thread vs main)
+                        return request_factory().execute(num_retries=0)
                 except Exception as exc:
                     raise self._explain(exc) from exc
         raise StorageError("unreachable")  # pragma: no cover
 
     def _explain(self, exc: Exception) -> Exception:
+        from google.auth.exceptions import RefreshError
         from googleapiclient.errors import HttpError
 
+        if isinstance(exc, RefreshError):
+            return DriveAuthError(f"the Google credentials could not be refreshed ({exc}): create a new token or key")
         if not isinstance(exc, HttpError) or is_transient_drive_error(exc):
             return exc
         status, reasons = _http_status(exc), _reasons(exc)
@@ -198,38 +210,51 @@ class DriveStorage:
         return self.prefix + list(parts)
 
     def _folder(self, parts: list[str], create: bool) -> str | None:
-        """Id of the folder at ``parts`` under the root; created (idempotently) if asked."""
-        with self._lock:
-            if time.monotonic() - self._folders_at > self._cache_ttl:
-                self._folders.clear()
-                self._folders_at = time.monotonic()
-        parent = self.root_folder_id
-        for name in parts:
+        """The folder that writes go to: the oldest at ``parts``, created (idempotently) if asked."""
+        ids = self._folder_ids(parts, create)
+        return ids[0] if ids else None
+
+    def _folder_ids(self, parts: list[str], create: bool = False) -> list[str]:
+        """Every folder at ``parts``, oldest first: a race (or a lagging listing) can make duplicates,
+        and readers look in all of them, so a file written into a duplicate is never lost.
+
+        Resolutions are cached; a young folder (created in the last YOUNG_FOLDER_S seconds, when
+        another node may still be creating a duplicate it cannot see yet) is looked up again after
+        RECHECK_YOUNG_S, an old one after ``cache_ttl``.
+        """
+        current = [self.root_folder_id]
+        for depth, name in enumerate(parts):
+            key = tuple(parts[: depth + 1])
             with self._lock:
-                known = self._folders.get((parent, name))
-            if known is None:
-                known = self._find_folder(parent, name) or (self._create_folder(parent, name) if create else None)
-                if known is None:
-                    return None
-                with self._lock:
-                    self._folders[(parent, name)] = known
-            parent = known
-        return parent
+                cached = self._folders.get(key)
+            if cached is not None and not self._expired(*cached[1:]):
+                current = cached[0]
+                continue
+            found = sorted((e for pid in current for e in self._find_folders(pid, name)), key=lambda e: (e.ctime, e.id))
+            if not found and create:
+                found = [self._create_folder(current[0], name)]
+            if not found:
+                return []
+            with self._lock:
+                self._folders[key] = ([e.id for e in found], time.monotonic(), max(e.ctime for e in found))
+            current = [e.id for e in found]
+        return current
 
-    def _find_folder(self, parent: str, name: str) -> str | None:
+    def _expired(self, resolved_at: float, youngest_ctime: float) -> bool:
+        age = time.monotonic() - resolved_at
+        young = time.time() - youngest_ctime < YOUNG_FOLDER_S
+        return age > (RECHECK_YOUNG_S if young else self._cache_ttl)
+
+    def _find_folders(self, parent: str, name: str) -> list[_Entry]:
         q = f"{_quote(parent)} in parents and name = {_quote(name)} and mimeType = '{FOLDER_MIME}' and trashed = false"
-        found = self._list_query(q)
-        if not found:
-            return None
-        if len(found) > 1:  # a race made duplicates: everyone settles on the oldest
-            logger.info("%d folders named %r in %s: using the oldest", len(found), name, parent)
-        return min(found, key=lambda e: (e.ctime, e.id)).id
+        return self._list_query(q)
 
-    def _create_folder(self, parent: str, name: str) -> str:
+    def _create_folder(self, parent: str, name: str) -> _Entry:
         body = {"name": name, "mimeType": FOLDER_MIME, "parents": [parent]}
-        created = self._call(lambda: self.service.files().create(body=body, fields="id,createdTime"))
+        created = _entry(self._call(lambda: self.service.files().create(body=body, fields=_FILE_FIELDS)))
         # Another node may have created the same folder meanwhile: settle on the oldest one we can see.
-        return self._find_folder(parent, name) or created["id"]
+        seen = self._find_folders(parent, name)
+        return min(seen + [created], key=lambda e: (e.ctime, e.id))
 
     def _list_query(self, q: str) -> list[_Entry]:
         out: list[_Entry] = []
@@ -248,7 +273,8 @@ class DriveStorage:
     def _children(self, folder_id: str) -> dict[str, _Entry]:
         """One listing of a folder, duplicates resolved (newest modifiedTime), own writes merged in."""
         newest: dict[str, _Entry] = {}
-        for entry in self._list_query(f"{_quote(folder_id)} in parents and trashed = false"):
+        for raw in self._list_query(f"{_quote(folder_id)} in parents and trashed = false"):
+            entry = dataclasses.replace(raw, parent=folder_id)
             current = newest.get(entry.name)
             if current is None or (entry.mtime, entry.id) > (current.mtime, current.id):
                 newest[entry.name] = entry
@@ -260,13 +286,19 @@ class DriveStorage:
             self._listed_at[folder_id] = time.monotonic()
         return newest
 
+    def _children_all(self, parts: list[str]) -> dict[str, _Entry]:
+        """The union of the children of every folder at ``parts``; on a name clash the newest wins."""
+        merged: dict[str, _Entry] = {}
+        for folder_id in self._folder_ids(parts):
+            for name, entry in self._children(folder_id).items():
+                if name not in merged or (entry.mtime, entry.id) > (merged[name].mtime, merged[name].id):
+                    merged[name] = entry
+        return merged
+
     # -- Storage -----------------------------------------------------------------------------
 
     def list(self, folder: str, include_hidden: bool = False) -> list[FileInfo]:
-        folder_id = self._folder(self._parts(folder), create=False)
-        if folder_id is None:
-            return []
-        entries = self._children(folder_id).values()
+        entries = self._children_all(self._parts(folder)).values()
         return sorted(
             (
                 FileInfo(e.name, e.size, e.mtime, e.is_dir)
@@ -276,59 +308,78 @@ class DriveStorage:
             key=lambda info: info.name,
         )
 
-    def _locate(self, parts: list[str]) -> tuple[str, _Entry] | None:
-        folder_id = self._folder(parts[:-1], create=False)
-        if folder_id is None:
-            return None
+    def _locate(self, parts: list[str]) -> _Entry | None:
+        """The newest file named ``parts[-1]`` in any folder at ``parts[:-1]`` (cached listings first)."""
         name = parts[-1]
+        folder_ids = self._folder_ids(parts[:-1])
+        best: _Entry | None = None
+        stale = False
         with self._lock:
-            fresh = time.monotonic() - self._listed_at.get(folder_id, float("-inf")) < self._cache_ttl
-            entry = (self._listing.get(folder_id, {}).get(name) if fresh else None) or self._own.get((folder_id, name))
-        if entry is None:
-            entry = self._children(folder_id).get(name)
-        return (folder_id, entry) if entry is not None else None
+            for folder_id in folder_ids:
+                fresh = time.monotonic() - self._listed_at.get(folder_id, float("-inf")) < self._cache_ttl
+                stale |= not fresh
+                for entry in (
+                    (self._listing.get(folder_id, {}).get(name) if fresh else None),
+                    self._own.get((folder_id, name)),
+                ):
+                    if entry is not None and (best is None or (entry.mtime, entry.id) > (best.mtime, best.id)):
+                        best = entry
+        if best is None or stale:
+            best = self._children_all(parts[:-1]).get(name) or best
+        if best is None:  # maybe a duplicate folder appeared since the folder ids were cached
+            with self._lock:
+                self._folders.pop(tuple(parts[:-1]), None)
+            best = self._children_all(parts[:-1]).get(name)
+        return best
 
     def read_bytes(self, path: str, max_bytes: int = DEFAULT_MAX_READ_BYTES) -> bytes:
         parts = self._parts(path)
-        located = self._locate(parts)
-        if located is None or located[1].is_dir:
+        entry = self._locate(parts)
+        if entry is None or entry.is_dir:
             raise FileNotFoundError(path)
-        folder_id, entry = located
         try:
             return self._download(entry, max_bytes, path)
         except FileNotFoundError:  # stale id (deleted or replaced): look again once
             with self._lock:
-                self._listing.pop(folder_id, None)
-            fresh = self._children(folder_id).get(parts[-1])
+                self._listing.clear()
+                self._listed_at.clear()
+            fresh = self._children_all(parts[:-1]).get(parts[-1])
             if fresh is None or fresh.id == entry.id:
                 raise FileNotFoundError(path) from None
             return self._download(fresh, max_bytes, path)
 
     def _download(self, entry: _Entry, max_bytes: int, path: str) -> bytes:
-        if entry.size > max_bytes:
-            raise FileTooLargeError(path, entry.size, max_bytes)
-        data = self._call(lambda: self.service.files().get_media(fileId=entry.id))
-        data = data if isinstance(data, bytes) else bytes(data)
-        self.counters["bytes_down"] += len(data)
-        if len(data) > max_bytes:
-            raise FileTooLargeError(path, len(data), max_bytes)
-        if entry.md5 and hashlib.md5(data).hexdigest() != entry.md5:  # noqa: S324 - Drive's checksum is md5
+        """The file's bytes, checked against Drive's md5 (a file rewritten mid-read is read again)."""
+        expected, size = entry.md5, entry.size
+        for attempt in range(10):
+            if attempt > 1:  # the file is being rewritten as we read: back off a little before the next try
+                time.sleep(min(1.0, 0.02 * 2**attempt) * random.uniform(0.5, 1.0))
+            if size > max_bytes:
+                raise FileTooLargeError(path, size, max_bytes)
+            data = self._call(lambda: self.service.files().get_media(fileId=entry.id))
+            data = data if isinstance(data, bytes) else bytes(data)
+            self.counters["bytes_down"] += len(data)
+            if len(data) > max_bytes:
+                raise FileTooLargeError(path, len(data), max_bytes)
+            digest = hashlib.md5(data).hexdigest()  # noqa: S324 - Drive's checksum is md5
+            if expected is None or digest == expected:
+                return data
+            # The listing was older than the content, or the file changed between the calls: ask again.
             meta = self._call(lambda: self.service.files().get(fileId=entry.id, fields="md5Checksum,size"))
-            if meta.get("md5Checksum") != hashlib.md5(data).hexdigest():  # noqa: S324
-                raise StorageError(f"{path}: download does not match Drive's md5; try again")
-        return data
+            if meta.get("md5Checksum") == digest:
+                return data
+            expected, size = meta.get("md5Checksum"), int(meta.get("size") or 0)
+        raise StorageError(f"{path}: kept changing while it was read (md5 never matched); try again")
 
     def write_bytes(self, path: str, data: bytes) -> None:
         from googleapiclient.http import MediaIoBaseUpload
 
         parts = self._parts(path)
-        folder_id = self._folder(parts[:-1], create=True)
-        assert folder_id is not None
         name = parts[-1]
         data = bytes(data)
         with self._lock:
-            own = self._own.get((folder_id, name))
-        existing = own.id if own is not None else self._own_file_id(folder_id, name)
+            own = self._own_by_path.get(path)
+        existing = own if own is not None else self._own_file(parts)
 
         def media() -> Any:
             return MediaIoBaseUpload(
@@ -340,24 +391,32 @@ class DriveStorage:
 
         files = self.service.files()
         if existing is None:
+            folder_id = self._folder(parts[:-1], create=True)
+            assert folder_id is not None
             body = {"name": name, "parents": [folder_id]}
             raw = self._call(lambda: files.create(body=body, media_body=media(), fields=_FILE_FIELDS))
         else:
-            raw = self._call(lambda: files.update(fileId=existing, media_body=media(), fields=_FILE_FIELDS))
+            folder_id = existing.parent
+            raw = self._call(lambda: files.update(fileId=existing.id, media_body=media(), fields=_FILE_FIELDS))
         self.counters["bytes_up"] += len(data)
-        entry = _entry(raw)
+        entry = dataclasses.replace(_entry(raw), parent=folder_id)
         with self._lock:
             self._own[(folder_id, name)] = entry
+            self._own_by_path[path] = entry
             self._listing.setdefault(folder_id, {})[name] = entry
 
-    def _own_file_id(self, folder_id: str, name: str) -> str | None:
-        """The id to update for a file this node writes: the newest of its name; older duplicates removed."""
-        q = f"{_quote(folder_id)} in parents and name = {_quote(name)} and trashed = false"
-        found = sorted(self._list_query(q), key=lambda e: (e.mtime, e.id), reverse=True)
-        for duplicate in found[1:]:  # one writer per file: every duplicate of this name is ours
-            logger.info("removing a duplicate %s (%s)", name, duplicate.id)
+    def _own_file(self, parts: list[str]) -> _Entry | None:
+        """The file to update for a path this node writes: the newest of its name in any duplicate of its
+        folder. One writer per file, so every other copy is a stale duplicate of ours and is removed."""
+        found: list[_Entry] = []
+        for folder_id in self._folder_ids(parts[:-1]):
+            q = f"{_quote(folder_id)} in parents and name = {_quote(parts[-1])} and trashed = false"
+            found += [dataclasses.replace(e, parent=folder_id) for e in self._list_query(q)]
+        found.sort(key=lambda e: (e.mtime, e.id), reverse=True)
+        for duplicate in found[1:]:
+            logger.info("removing a duplicate %s (%s)", "/".join(parts), duplicate.id)
             self._delete_id(duplicate.id)
-        return found[0].id if found else None
+        return found[0] if found else None
 
     def _delete_id(self, file_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):  # already gone is what we wanted
@@ -378,47 +437,46 @@ class DriveStorage:
 
     def delete(self, path: str) -> None:
         parts = self._parts(path)
-        folder_id = self._folder(parts[:-1], create=False)
-        if folder_id is None:
-            return
-        q = f"{_quote(folder_id)} in parents and name = {_quote(parts[-1])} and trashed = false"
-        for entry in self._list_query(q):
-            self._delete_id(entry.id)
+        for folder_id in self._folder_ids(parts[:-1]):
+            q = f"{_quote(folder_id)} in parents and name = {_quote(parts[-1])} and trashed = false"
+            for entry in self._list_query(q):
+                self._delete_id(entry.id)
+            with self._lock:
+                self._own.pop((folder_id, parts[-1]), None)
+                self._listing.get(folder_id, {}).pop(parts[-1], None)
         with self._lock:
-            self._own.pop((folder_id, parts[-1]), None)
-            self._listing.get(folder_id, {}).pop(parts[-1], None)
+            self._own_by_path.pop(path, None)
             self._appended.pop(path, None)
 
     def remove_empty_dir(self, folder: str) -> bool:
         parts = self._parts(folder)
-        folder_id = self._folder(parts, create=False)
-        if folder_id is None:
-            return True
-        if self._list_query(f"{_quote(folder_id)} in parents and trashed = false"):
+        ids = self._folder_ids(parts)
+        if any(self._list_query(f"{_quote(fid)} in parents and trashed = false") for fid in ids):
             return False
-        self._delete_id(folder_id)
+        for folder_id in ids:
+            self._delete_id(folder_id)
         self._forget_folder(parts)
         return True
 
     def move(self, src: str, dst: str) -> None:
         src_parts, dst_parts = self._parts(src), self._parts(dst)
-        located = self._locate(src_parts)
-        if located is None:
+        entry = self._locate(src_parts)
+        if entry is None:
             raise FileNotFoundError(src)
-        src_parent, entry = located
         dst_parent = self._folder(dst_parts[:-1], create=True)
         self._call(
             lambda: self.service.files().update(
                 fileId=entry.id,
                 addParents=dst_parent,
-                removeParents=src_parent,
+                removeParents=entry.parent,
                 body={"name": dst_parts[-1]},
                 fields="id",
             )
         )
         with self._lock:
-            self._own.pop((src_parent, src_parts[-1]), None)
-            self._listing.pop(src_parent, None)
+            self._own.pop((entry.parent, src_parts[-1]), None)
+            self._own_by_path.pop(src, None)
+            self._listing.pop(entry.parent, None)
             self._listing.pop(dst_parent, None)
         if entry.is_dir:
             self._forget_folder(src_parts)
@@ -429,6 +487,7 @@ class DriveStorage:
             self._folders.clear()
             self._listing.clear()
             self._own.clear()
+            self._own_by_path.clear()
             self._appended.clear()
 
 

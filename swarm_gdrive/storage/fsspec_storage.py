@@ -1,0 +1,453 @@
+"""fsspec backend: object stores (``s3://``, ``gs://``, ``az://``), ``memory://``, and any other fsspec URL.
+
+What each kind of store guarantees (rule 2 of the shared-folder protocol, atomic visibility):
+
+==================  ==============================================  =========================================
+store               write_bytes                                     folders, move, remove_empty_dir
+==================  ==============================================  =========================================
+s3, gs, az, ...     one whole-object PUT (multipart above 100 MB    no real folders: a folder exists while a
+                    on S3, also atomic): readers see the old or     key is under its prefix; move is
+                    the new object, never a mix. S3/GCS/Azure are   server-side copy then delete (a reader may
+                    read-after-write and list-after-write           briefly see both, never a partial file);
+                    consistent. append_bytes on S3 is a             remove_empty_dir deletes nothing and is
+                    conditional PUT (If-Match ETag /                True when nothing is under the prefix
+                    If-None-Match ``*``), so a lost update is
+                    detected and retried
+memory              whole-object replace (one dict assignment)      as object stores (process-local; tests)
+gdrive              whole-file upload, atomic per file (untested    real folders, the implementation's mv;
+                    here; Drive names are not unique: prefer        remove_empty_dir as for file
+                    DriveStorage)
+file, sftp, ...     hidden temporary sibling (``.name.<hex>.tmp``)  real folders; mv is the filesystem's
+                    then ``mv`` over the target (atomic where       rename; remove_empty_dir removes an
+                    the filesystem's rename is: local POSIX yes)    empty folder, False while one is not
+==================  ==============================================  =========================================
+
+``append_bytes`` is read-modify-write on every store: each file has one writer (rule 1), so no
+update can be lost to another node; a retry after a reply was lost does not append twice. It
+costs a read of the whole file per append, which is why metrics and events are buffered.
+
+Retries (tenacity, via :func:`~swarm_gdrive.storage.base.retrying`) cover transient errors only:
+connection errors, timeouts, HTTP 5xx/429, and S3 throttling codes (``SlowDown``, ...). s3fs
+retries some of these itself first. fsspec's listing cache is invalidated before every read and
+listing, so a node sees what other nodes wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import re
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from pathlib import PurePosixPath
+from typing import Any, TypeVar
+
+import fsspec
+
+from swarm_gdrive.layout import is_temporary
+from swarm_gdrive.storage.base import (
+    DEFAULT_MAX_READ_BYTES,
+    FileInfo,
+    FileTooLargeError,
+    StorageError,
+    retrying,
+)
+from swarm_gdrive.storage.local import TRANSIENT_ERRNOS, temp_name_for
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Stores without real folders, whose PUT replaces a whole object atomically.
+OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "oci", "memory"})
+#: Stores with real folders that still upload a whole file at once.
+ATOMIC_UPLOAD_PROTOCOLS = frozenset({"gdrive"})
+#: Stores whose PutObject honours If-Match / If-None-Match (S3 since 2024; MinIO; moto).
+CONDITIONAL_WRITE_PROTOCOLS = frozenset({"s3", "s3a"})
+
+#: Error codes (botocore ``ClientError``) that mean "try again later".
+TRANSIENT_ERROR_CODES = frozenset(
+    {
+        "SlowDown",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "InternalError",
+        "ServiceUnavailable",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "BandwidthLimitExceeded",
+        "OperationAborted",
+        "PriorRequestNotComplete",
+        "500",
+        "502",
+        "503",
+        "504",
+    }
+)
+#: A conditional write lost its race; re-reading and writing again is the cure.
+CONFLICT_ERROR_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "412", "409"})
+
+#: Exception class names (anywhere in the MRO) of network failures in botocore, aiohttp,
+#: requests, urllib3, http.client and fsspec, matched by name so none of them must be installed.
+TRANSIENT_CLASS_NAMES = frozenset(
+    {
+        "ConnectionError",  # botocore's and requests' own, not only the builtin
+        "HTTPClientError",  # botocore: ReadTimeoutError, ConnectionClosedError, ...
+        "ClientConnectionError",  # aiohttp: ServerDisconnectedError, ClientOSError, ...
+        "ClientPayloadError",
+        "ServerDisconnectedError",
+        "IncompleteRead",
+        "IncompleteReadError",
+        "ResponseStreamingError",
+        "ReadTimeout",
+        "ConnectTimeout",
+        "Timeout",
+        "ChunkedEncodingError",
+        "ProtocolError",
+        "RemoteDisconnected",
+        "FSTimeoutError",
+    }
+)
+
+_USERINFO = re.compile(r"(://)[^/@]*@")
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what it wraps (``raise ... from``, then implicit context), without cycles."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < 16:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def client_error(exc: BaseException) -> tuple[str | None, int | None]:
+    """(error code, HTTP status) of a botocore-style ``ClientError`` in ``exc``'s chain, else (None, None).
+
+    s3fs turns ``ClientError`` into ``OSError``/``PermissionError``/... with the original as ``__cause__``.
+    """
+    for cause in _causes(exc):
+        response = getattr(cause, "response", None)
+        if isinstance(response, dict) and ("Error" in response or "ResponseMetadata" in response):
+            code = (response.get("Error") or {}).get("Code")
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            return (str(code) if code is not None else None), (status if isinstance(status, int) else None)
+    return None, None
+
+
+def _http_status(exc: BaseException) -> int | None:
+    """An HTTP status carried by a non-botocore error (gcsfs ``HttpError.code``, ``.status``)."""
+    for attr in ("status", "code", "status_code"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
+            return value
+    return None
+
+
+def _is_retryable_status(status: int | None) -> bool:
+    return status is not None and (status >= 500 or status in (408, 429))
+
+
+def is_transient_fsspec_error(exc: BaseException) -> bool:
+    """True for errors worth retrying: network failures, timeouts, throttling, 5xx. Never a missing file."""
+    if isinstance(exc, (FileNotFoundError, FileTooLargeError)):
+        return False
+    code, status = client_error(exc)
+    if code is not None or status is not None:
+        return code in TRANSIENT_ERROR_CODES or _is_retryable_status(status)
+    if isinstance(exc, (PermissionError, FileExistsError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    if any(cls.__name__ in TRANSIENT_CLASS_NAMES for cls in type(exc).__mro__):
+        return True
+    if _is_retryable_status(_http_status(exc)):
+        return True
+    return isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS
+
+
+def is_write_conflict(exc: BaseException) -> bool:
+    """True if a conditional write failed because the object changed since it was read."""
+    code, status = client_error(exc)
+    return code in CONFLICT_ERROR_CODES or status in (409, 412)
+
+
+def entry_mtime(entry: dict[str, Any]) -> float:
+    """Modification time (epoch seconds) of an fsspec listing entry; 0.0 when the store does not say."""
+    for key in ("mtime", "LastModified", "last_modified", "updated", "modifiedTime", "modified", "created"):
+        value = _to_epoch(entry.get(key))
+        if value:
+            return value
+    return 0.0
+
+
+def _to_epoch(value: object) -> float:
+    if isinstance(value, bool) or value is None:
+        return 0.0
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and value:
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return 0.0
+    if isinstance(value, datetime):
+        if value.tzinfo is None:  # object stores report UTC
+            value = value.replace(tzinfo=timezone.utc)
+        return value.timestamp()
+    return 0.0
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> frozenset[str]:
+    protocol = fs.protocol
+    return frozenset([protocol] if isinstance(protocol, str) else protocol)
+
+
+class FsspecStorage:
+    """A :class:`~swarm_gdrive.storage.base.Storage` over any fsspec URL (``s3://bucket/prefix``, ...).
+
+    ``atomic_put`` (default: by protocol) says whether one PUT replaces a file atomically; when it
+    does not, writes go to a hidden temporary name and are moved over the target.
+    ``conditional_writes`` (default: on for S3) makes appends conditional on the ETag they read;
+    turn it off for S3-compatible stores that refuse ``If-Match``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        retry_attempts: int = 8,
+        retry_max_wait: float = 10.0,
+        *,
+        atomic_put: bool | None = None,
+        conditional_writes: bool | None = None,
+    ) -> None:
+        self.url = url
+        self.fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        self.root = root.rstrip("/")
+        protocols = _protocols(self.fs)
+        self.object_store = bool(protocols & OBJECT_STORE_PROTOCOLS)
+        self.atomic_put = (
+            atomic_put
+            if atomic_put is not None
+            else bool(protocols & (OBJECT_STORE_PROTOCOLS | ATOMIC_UPLOAD_PROTOCOLS))
+        )
+        self.conditional_writes = (
+            conditional_writes if conditional_writes is not None else bool(protocols & CONDITIONAL_WRITE_PROTOCOLS)
+        )
+        self._attempts = retry_attempts
+        self._max_wait = retry_max_wait
+
+    def describe(self) -> str:
+        return "fsspec " + _USERINFO.sub(r"\1", self.url)  # credentials in a URL stay out of logs
+
+    # -- paths and retries -----------------------------------------------------------------
+
+    def _full(self, rel: str) -> str:
+        parts = PurePosixPath(rel).parts
+        if not parts or PurePosixPath(rel).is_absolute() or any(p in ("..", ".", "") for p in parts):
+            raise ValueError(f"storage path must be relative and stay inside the root: {rel!r}")
+        joined = "/".join(parts)
+        return self.fs._strip_protocol(f"{self.root}/{joined}" if self.root else joined)
+
+    def _retry(self, fn: Callable[..., T], *args: Any, transient: Callable[[BaseException], bool] | None = None) -> T:
+        for attempt in retrying(transient or is_transient_fsspec_error, self._attempts, self._max_wait):
+            with attempt:
+                return fn(*args)
+        raise StorageError(f"unreachable retry exit in {fn.__name__}")  # pragma: no cover
+
+    def _invalidate(self, full: str) -> None:
+        """Forget cached listings of ``full`` and its parents, so the next call asks the store."""
+        self.fs.invalidate_cache(full)
+
+    def _parent(self, full: str) -> str:
+        return self.fs._parent(full)
+
+    def _name(self, full: str) -> str:
+        return full.rstrip("/").rsplit("/", 1)[-1]
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def read_bytes(self, path: str, max_bytes: int = DEFAULT_MAX_READ_BYTES) -> bytes:
+        return self._retry(self._read, self._full(path), max_bytes, path)
+
+    def _read(self, full: str, max_bytes: int, rel: str) -> bytes:
+        self._invalidate(full)
+        info = self.fs.info(full)
+        if info.get("type") == "directory":
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", rel)
+        size = info.get("size")
+        if size is not None:
+            if int(size) > max_bytes:
+                raise FileTooLargeError(rel, int(size), max_bytes)
+            if int(size) == 0:
+                return b""
+        try:  # one ranged GET: a snapshot of one version, never more than the cap (+1 to see growth)
+            data = self.fs.cat_file(full, start=0, end=max_bytes + 1)
+        except OSError as exc:
+            if client_error(exc)[0] == "InvalidRange":  # bytes=0-N fails only on an object that became empty
+                return b""
+            raise
+        if len(data) > max_bytes:  # replaced by a bigger file since info
+            raise FileTooLargeError(rel, len(data), max_bytes)
+        return bytes(data)
+
+    def list(self, folder: str, include_hidden: bool = False) -> list[FileInfo]:
+        return self._retry(self._list, self._full(folder), include_hidden)
+
+    def _ls(self, full: str) -> list[dict[str, Any]] | None:
+        """Entries under ``full``; None if ``full`` is a file; [] if it does not exist."""
+        self._invalidate(full)
+        try:
+            entries = self.fs.ls(full, detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        own = [e for e in entries if self.fs._strip_protocol(e["name"]).rstrip("/") == full]
+        if any(e.get("type") != "directory" for e in own):
+            return None  # fsspec lists a file as itself
+        return [e for e in entries if e not in own]
+
+    def _list(self, full: str, include_hidden: bool) -> list[FileInfo]:
+        out: dict[str, FileInfo] = {}
+        for entry in self._ls(full) or []:
+            name = self._name(entry["name"])
+            if not name or (not include_hidden and is_temporary(name)):
+                continue
+            is_dir = entry.get("type") == "directory"
+            size = 0 if is_dir else int(entry.get("size") or 0)
+            if name not in out or not is_dir:  # a key and a "folder" of one name: the file wins
+                out[name] = FileInfo(name, size, entry_mtime(entry), is_dir)
+        return [out[name] for name in sorted(out)]
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        self._retry(self._put, self._full(path), bytes(data))
+
+    def _put(self, full: str, data: bytes, condition: dict[str, str] | None = None) -> None:
+        if self.atomic_put:
+            self.fs.pipe_file(full, data, **(condition or {}))
+        else:
+            self._put_via_temporary(full, data)
+        self._invalidate(full)
+
+    def _put_via_temporary(self, full: str, data: bytes) -> None:
+        parent = self._parent(full)
+        self.fs.makedirs(parent, exist_ok=True)
+        tmp = f"{parent}/{temp_name_for(self._name(full))}"
+        try:
+            self.fs.pipe_file(tmp, data)
+            self.fs.mv(tmp, full)
+        except BaseException:
+            try:
+                self.fs.rm_file(tmp)
+            except Exception:  # cleanup is best effort; the original error is what matters
+                logger.debug("could not remove temporary %s", tmp, exc_info=True)
+            raise
+
+    def append_bytes(self, path: str, data: bytes) -> None:
+        full, data = self._full(path), bytes(data)
+        attempted: list[bytes] = []
+
+        def append_once() -> None:
+            old, etag = self._read_for_update(full)
+            if attempted and old == attempted[-1]:
+                return  # an earlier attempt landed although its reply was lost
+            new = (old or b"") + data
+            attempted.append(new)
+            self._put(full, new, self._condition(old is not None, etag))
+
+        self._retry(append_once, transient=lambda exc: is_transient_fsspec_error(exc) or self._lost_race(exc))
+
+    def _read_for_update(self, full: str) -> tuple[bytes | None, str | None]:
+        """Whole content and ETag (if the store has one); (None, None) if the file does not exist."""
+        self._invalidate(full)
+        try:
+            info = self.fs.info(full)
+        except FileNotFoundError:
+            return None, None
+        if info.get("type") == "directory":
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", full)
+        data = self.fs.cat_file(full) if info.get("size") != 0 else b""
+        return bytes(data), info.get("ETag")
+
+    def _condition(self, exists: bool, etag: str | None) -> dict[str, str]:
+        """PutObject arguments that make an update fail if the object changed since it was read."""
+        if not self.conditional_writes:
+            return {}
+        if not exists:
+            return {"IfNoneMatch": "*"}
+        return {"IfMatch": etag} if etag else {}
+
+    def _lost_race(self, exc: BaseException) -> bool:
+        return self.conditional_writes and (isinstance(exc, FileExistsError) or is_write_conflict(exc))
+
+    def delete(self, path: str) -> None:
+        self._retry(self._delete, self._full(path))
+
+    def _delete(self, full: str) -> None:
+        with contextlib.suppress(FileNotFoundError):  # absent is fine
+            self.fs.rm_file(full)
+        self._invalidate(full)
+
+    def remove_empty_dir(self, folder: str) -> bool:
+        return self._retry(self._rmdir, self._full(folder))
+
+    def _rmdir(self, full: str) -> bool:
+        entries = self._ls(full)
+        if entries is None:
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory", full)
+        if entries:
+            return False
+        if self.object_store:  # no real folders: an empty prefix is already gone
+            return True
+        try:
+            self.fs.rmdir(full)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST) or self._ls(full):
+                return False
+            raise
+        self._invalidate(full)
+        return True
+
+    def move(self, src: str, dst: str) -> None:
+        self._retry(self._move, self._full(src), self._full(dst))
+
+    def _move(self, src: str, dst: str) -> None:
+        self._invalidate(src)
+        info = self.fs.info(src)  # FileNotFoundError if absent
+        if info.get("type") == "directory":
+            self._move_tree(src, dst)
+        else:
+            self._move_file(src, dst)
+        self._invalidate(src)
+        self._invalidate(dst)
+
+    def _move_file(self, src: str, dst: str) -> None:
+        if self.object_store:  # server-side copy, then delete
+            self.fs.cp_file(src, dst)
+            self.fs.rm_file(src)
+        else:
+            self.fs.makedirs(self._parent(dst), exist_ok=True)
+            self.fs.mv(src, dst)
+
+    def _move_tree(self, src: str, dst: str) -> None:
+        """Move ``src`` and everything under it to ``dst`` (merging into ``dst`` on object stores)."""
+        if not self.object_store:  # one rename of the whole folder where the filesystem has one
+            self.fs.makedirs(self._parent(dst), exist_ok=True)
+            self.fs.mv(src, dst, recursive=True)
+            return
+        sources = [p for p in self.fs.find(src, withdirs=False) if p != src]
+        targets = [dst + p[len(src) :] for p in sources]
+        if sources:  # fsspec copies and deletes a list in batches (concurrently on async stores)
+            self.fs.copy(sources, targets)
+            self.fs.rm(sources)

@@ -1,0 +1,87 @@
+"""A coordinator and 2 workers as real processes, sharing a folder through the Drive API (the emulator),
+with listing lag and bursts of rate-limit errors switched on."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections import Counter
+
+import pytest
+
+from swarm_gdrive.layout import Layout
+from swarm_gdrive.procs import NodeProcess, stop_all
+from swarm_gdrive.records import MetricRecord, RewardRecord, RolloutBatch, StateRecord, decode, decode_lines
+from swarm_gdrive.storage.drive import DriveStorage
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from drive_emulator import FOLDER_MIME, DriveEmulator  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.drive, pytest.mark.slow]
+ROUNDS, WORKERS = 3, ("w1", "w2")
+LAYOUT = Layout("drive-itest")
+
+
+def test_swarm_through_drive_with_lag_and_rate_limits_loses_nothing(tmp_path):
+    with DriveEmulator() as emu:
+        emu.list_lag_s = 1.0
+        env = {
+            "GDRIVE_PATH": f"gdrive://{emu.root_id}/swarm",
+            "GDRIVE_API_URL": emu.root_url,
+            "EXPERIMENT_NAME": "drive-itest",
+            "SWARM_LOCAL_DIR": str(tmp_path / "local"),
+            "WORKLOAD": "synthetic",
+            "MAX_ROUNDS": str(ROUNDS),
+            "MIN_WORKERS": "2",
+            "NUM_TRANSPLANT_TREES": "1",
+            "NUM_TRAIN_SAMPLES": "3",
+            "NUM_GENERATIONS": "4",
+            "HEARTBEAT_INTERVAL": "1",
+            "LIVENESS_TIMEOUT": "60",
+            "POLL_INTERVAL_MIN": "0.1",
+            "POLL_INTERVAL_MAX": "0.5",
+            "COORDINATOR_ROUND_INTERVAL": "120",
+            "ROLLOUT_WAIT_TIMEOUT": "60",
+        }
+        stop_storms = threading.Event()
+
+        def storms() -> None:  # a burst of 403 rateLimitExceeded / 429 every 0.7 s
+            statuses = [(403, "rateLimitExceeded"), (429, "rateLimitExceeded"), (403, "userRateLimitExceeded")]
+            i = 0
+            while not stop_storms.wait(0.7):
+                emu.fail_next(3, *statuses[i % 3])
+                i += 1
+
+        storm = threading.Thread(target=storms, daemon=True)
+        nodes = [NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"})]
+        nodes += [NodeProcess(w, {**env, "NODE_ID": w}) for w in WORKERS]
+        storm.start()
+        try:
+            codes = {n.name: n.wait(timeout=240) for n in nodes}
+        finally:
+            stop_storms.set()
+            stop_all([n for n in nodes if n.returncode is None], timeout=5)
+        assert codes == {"coordinator": 0, "w1": 0, "w2": 0}, [n.lines[-15:] for n in nodes]
+        rate_limited = sum(1 for n in nodes for line in n.lines if "Retrying" in line or "retry" in line.lower())
+
+        emu.list_lag_s = 0.0
+        storage = DriveStorage(emu.root_id, "swarm", service=emu.service())
+        state = decode(storage.read_bytes(LAYOUT.state_file), StateRecord)
+        assert (state.status, state.round) == ("finished", ROUNDS)
+        for round_ in range(ROUNDS):
+            for w in WORKERS:
+                reward = decode(storage.read_bytes(LAYOUT.reward_file(round_, 0, w)), RewardRecord)
+                assert reward.round == round_ and reward.num_external_groups == 1
+                batch = decode(storage.read_bytes(LAYOUT.rollout_file(round_, 0, w)), RolloutBatch)
+                assert batch.complete and len(batch.groups) == 3
+        for w in WORKERS:
+            metrics, problems = decode_lines(storage.read_bytes(LAYOUT.metrics_file(w)), MetricRecord)
+            assert not problems
+            per_round = [m.values for m in metrics if "storage/backend_api_calls" in m.values]
+            assert len(per_round) == ROUNDS and all(v["storage/backend_api_calls"] > 0 for v in per_round)
+
+        files = [f for f in emu.files() if not f.get("trashed") and f["mimeType"] != FOLDER_MIME]
+        duplicates = [k for k, n in Counter((tuple(f["parents"]), f["name"]) for f in files).items() if n > 1]
+        assert not duplicates, duplicates
+        assert rate_limited > 0, "the storms should have forced retries"

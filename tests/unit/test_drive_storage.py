@@ -1,0 +1,157 @@
+"""The Drive v3 backend through the emulator: Drive's quirks, retries, clear errors and economy."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from swarm_gdrive.storage.base import FileTooLargeError
+from swarm_gdrive.storage.drive import DriveAuthError, DriveError, DriveStorage, find_credentials, parse_drive_url
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from drive_emulator import DriveEmulator  # noqa: E402
+
+pytestmark = pytest.mark.drive
+
+
+@pytest.fixture
+def emu():
+    with DriveEmulator() as emulator:
+        yield emulator
+
+
+def storage_for(emu: DriveEmulator, **kwargs) -> DriveStorage:
+    return DriveStorage(emu.root_id, "swarm", service=emu.service(), retry_max_wait=0.02, **kwargs)
+
+
+def calls(emu: DriveEmulator) -> int:
+    return len(emu.requests)
+
+
+@pytest.mark.parametrize(
+    ("status", "reason"),
+    [
+        (403, "userRateLimitExceeded"),
+        (403, "rateLimitExceeded"),
+        (429, "rateLimitExceeded"),
+        (500, "backendError"),
+        (503, "backendError"),
+    ],
+)
+def test_transient_errors_are_retried_until_they_pass(emu, status, reason):
+    storage = storage_for(emu)
+    storage.write_bytes("a/b.json", b"{}")
+    emu.fail_next(3, status, reason)
+    assert storage.read_bytes("a/b.json") == b"{}"
+    assert storage.counters["retries"] >= 3
+
+
+def test_dropped_connections_are_retried(emu):
+    storage = storage_for(emu)
+    storage.write_bytes("x.json", b"1")
+    emu.drop_next(4)  # httplib2 resends once by itself; the rest is ours
+    assert storage.read_bytes("x.json") == b"1"
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "needle", "error"),
+    [
+        (403, "insufficientFilePermissions", "share the folder", DriveError),
+        (400, "invalid", "rejected the request (400", DriveError),
+    ],
+)
+def test_non_retryable_errors_fail_at_once_with_a_message(emu, status, reason, needle, error):
+    storage = storage_for(emu)
+    storage.write_bytes("f.json", b"1")
+    before = calls(emu)
+    emu.fail_next(1, status, reason)
+    with pytest.raises(error) as info:
+        storage.write_bytes("f.json", b"2")
+    assert needle in str(info.value)
+    assert calls(emu) == before + 1, "a non-retryable error is not retried"
+
+
+def test_missing_file_is_file_not_found_and_size_cap_is_checked_before_download(emu):
+    storage = storage_for(emu)
+    with pytest.raises(FileNotFoundError):
+        storage.read_bytes("nope/none.json")
+    storage.write_bytes("big.json", b"x" * 5000)
+    before = emu.requests[:]
+    with pytest.raises(FileTooLargeError):
+        storage.read_bytes("big.json", max_bytes=100)
+    assert not any("alt=media" in path for _, path in emu.requests[len(before) :])
+
+
+def test_a_reader_takes_the_newest_of_duplicate_names_and_a_writer_removes_its_own_duplicates(emu):
+    writer = storage_for(emu)
+    writer.write_bytes("d/peer.json", b"old")
+    folder_id = next(f["id"] for f in emu.files() if f["name"] == "d")
+    time.sleep(0.01)
+    emu.create_file(folder_id, "peer.json", b"newest")
+    reader = storage_for(emu)
+    assert reader.read_bytes("d/peer.json") == b"newest"
+    restarted_writer = storage_for(emu)  # a new process of the file's one writer
+    restarted_writer.write_bytes("d/peer.json", b"mine")
+    same_name = [f for f in emu.files() if f["name"] == "peer.json" and not f.get("trashed")]
+    assert len(same_name) == 1 and emu.content(same_name[0]["id"]) == b"mine"
+
+
+def test_duplicate_folders_resolve_to_the_oldest_for_everyone(emu):
+    first = storage_for(emu)
+    first.write_bytes("rounds/r.json", b"1")
+    swarm_id = next(f["id"] for f in emu.files() if f["name"] == "swarm")
+    emu.create_duplicate_folder(swarm_id, "rounds")
+    other = storage_for(emu)
+    other.write_bytes("rounds/s.json", b"2")
+    assert sorted(i.name for i in first.list("rounds")) == ["r.json", "s.json"]
+
+
+def test_own_writes_show_in_own_listings_despite_listing_lag(emu):
+    emu.list_lag_s = 5.0
+    storage = storage_for(emu)
+    storage.write_bytes("lag/mine.json", b"1")
+    assert [i.name for i in storage.list("lag")] == ["mine.json"]
+    assert storage.read_bytes("lag/mine.json") == b"1"
+    other = storage_for(emu)
+    assert other.list("lag") == []  # another node sees it once Drive's listing catches up
+
+
+def test_listings_are_economical_and_counted(emu):
+    storage = storage_for(emu)
+    for i in range(3):
+        storage.write_bytes(f"eco/f{i}.json", b"{}")
+    before = calls(emu)
+    names = [i.name for i in storage.list("eco")]
+    for name in names:
+        storage.read_bytes(f"eco/{name}")
+    new = emu.requests[before:]
+    lists = [p for _, p in new if p.startswith("/drive/v3/files?")]
+    assert len(lists) == 1 and "pageSize=1000" in lists[0] and "fields=" in lists[0]
+    assert len(new) == 1 + 3  # one listing serves the reads: one download per file
+    assert storage.counters["api_calls"] >= len(emu.requests) - 1 and storage.counters["bytes_down"] == 6
+
+
+def test_large_files_go_up_resumable(emu):
+    storage = storage_for(emu)
+    data = os.urandom(6 * 1024 * 1024)
+    storage.write_bytes("ckpt/model.safetensors", data)
+    assert any("uploadType=resumable" in p for _, p in emu.requests)
+    assert storage.read_bytes("ckpt/model.safetensors", max_bytes=len(data)) == data
+
+
+def test_drive_urls_and_missing_credentials(monkeypatch):
+    assert parse_drive_url("gdrive://1AbCdEfGhIjKlMnOp/rl-swarm/x") == ("1AbCdEfGhIjKlMnOp", "rl-swarm/x")
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    def no_default(**_kwargs):
+        raise DefaultCredentialsError("none")
+
+    monkeypatch.setattr(google.auth, "default", no_default)  # never probe a metadata server from a test
+    with pytest.raises(DriveAuthError) as info:
+        find_credentials(None, None)
+    message = str(info.value)
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in message and "GDRIVE_TOKEN_FILE" in message and "Colab" in message
