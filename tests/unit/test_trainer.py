@@ -15,8 +15,8 @@ pytest.importorskip("transformers")
 from swarm_gdrive import grpo  # noqa: E402
 from swarm_gdrive.models import load_model_and_tokenizer  # noqa: E402
 from swarm_gdrive.tiny_model import build_tiny_model  # noqa: E402
-from swarm_gdrive.trainer import (
-    DeviceError,  # noqa: E402
+from swarm_gdrive.trainer import (  # noqa: E402
+    DeviceError,
     PolicyTrainer,
     TrainGroup,
     TrainSettings,
