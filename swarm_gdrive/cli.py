@@ -228,10 +228,24 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--baseline", required=True, help="the experiment every other one is compared with")
     comp.add_argument("--rounds", type=int, help="compare over the first N rounds (default: all common rounds)")
     comp.add_argument("--folder", help="the shared folder (default: GDRIVE_PATH)")
+    from swarm_gdrive.monitor import add_status_parser, add_validate_parser
+
+    add_status_parser(sub)
+    add_validate_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    handlers = {"run": _cmd_run, "env": _cmd_env, "demo": _cmd_demo, "report": _cmd_report, "compare": _cmd_compare}
+    from swarm_gdrive.monitor import status_main, validate_main
+
+    handlers = {
+        "run": _cmd_run,
+        "env": _cmd_env,
+        "demo": _cmd_demo,
+        "report": _cmd_report,
+        "compare": _cmd_compare,
+        "status": status_main,
+        "validate": validate_main,
+    }
     sys.exit(handlers[args.command](args))

@@ -1,0 +1,489 @@
+"""The read-only monitor: an experiment folder into tables (:func:`load`), health findings
+(:func:`findings`), the TEST_MODE validator (:func:`validate`) and the ``status`` / ``validate`` commands.
+
+The monitor never writes to the shared folder: it lists and reads through
+:class:`~swarm_gdrive.exchange.Exchange` (capped, validated, cross-checked) and the log files
+through :func:`~swarm_gdrive.records.decode_lines`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pandas as pd
+
+from swarm_gdrive.exchange import Exchange
+from swarm_gdrive.layout import Layout, parse_round_dir, parse_stage_dir, validate_name
+from swarm_gdrive.records import EventRecord, MetricRecord, decode_lines
+from swarm_gdrive.report import eval_rows, reward_rows
+from swarm_gdrive.storage import Storage
+
+#: Seconds without a heartbeat after which the monitor calls a node not alive (LIVENESS_TIMEOUT's default).
+LIVENESS = 120.0
+#: Read cap for one JSONL log file.
+MAX_LOG_BYTES = 64 * 1024 * 1024
+#: The monitor's node id in its Exchange; it never publishes anything under it.
+MONITOR_ID = "monitor"
+
+STATE_COLUMNS = [
+    "experiment",
+    "run_id",
+    "round",
+    "status",
+    "seq",
+    "max_rounds",
+    "num_stages",
+    "round_opened_at",
+    "round_deadline",
+    "live_workers",
+    "advance_reason",
+    "coordinator_id",
+    "updated_at",
+]
+PEER_COLUMNS = ["node", "role", "status", "heartbeat", "heartbeat_at", "round", "registered_at", "alive"]
+REWARD_COLUMNS = ["node", "round", "stage", "reward", "local_groups", "external_groups"]
+ROLLOUT_COLUMNS = ["round", "stage", "node", "groups"]
+EVAL_COLUMNS = ["node", "round", "task", "level", "n", "pass1", "mean_score", "k", "pass_k"]
+EVENT_COLUMNS = ["node", "ts", "round", "event", "level", "message"]
+METRIC_COLUMNS = ["node", "ts", "round"]
+LOG_FILES = ("metrics.jsonl", "training_events.jsonl")
+
+
+@dataclass
+class Snapshot:
+    """One observation of an experiment folder, at ``now`` on the monitor's clock."""
+
+    experiment: str
+    now: float
+    state: pd.DataFrame
+    peers: pd.DataFrame
+    rewards: pd.DataFrame
+    rollouts_per_round: pd.DataFrame
+    evals: pd.DataFrame
+    events: pd.DataFrame
+    metrics: pd.DataFrame
+    #: The experiment.json config (fingerprint fields), empty when absent.
+    config: dict = field(default_factory=dict)
+    #: node -> the log file names present under logs/{node}/.
+    log_files: dict[str, set[str]] = field(default_factory=dict)
+    #: Unreadable log lines, as ``path: line N: reason``.
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def state_record(self) -> dict | None:
+        return None if self.state.empty else self.state.iloc[0].to_dict()
+
+    def workers(self) -> list[str]:
+        if self.peers.empty:
+            return []
+        return sorted(self.peers.loc[self.peers["role"] == "worker", "node"])
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: Literal["info", "warning", "error"]
+    code: str
+    message: str
+
+
+def load(storage: Storage, experiment: str, now: float | None = None, liveness_timeout: float = LIVENESS) -> Snapshot:
+    """Read the experiment folder into DataFrames.
+
+    ``peers.alive`` is True when the peer's status is ``alive`` and its ``heartbeat_at`` is within
+    ``liveness_timeout`` seconds of ``now``. The nodes judge liveness by watching a heartbeat change
+    on their own clock; the monitor has a single observation, so it compares the writer's
+    ``heartbeat_at`` with its own clock (``now``, default ``time.time()``) and is only as right as
+    the two clocks agree (and, on a mounted Drive, as fresh as the sync).
+    """
+    now = time.time() if now is None else now
+    layout = Layout(experiment)
+    exchange = Exchange(storage, layout, MONITOR_ID)
+    state = exchange.read_state()  # no run id yet: never raises RunChangedError
+    if state is not None:
+        exchange.run_id = state.run_id  # from here on, files of another run are rejected
+    experiment_record = exchange.read_experiment()
+    state_df = pd.DataFrame([state.model_dump(include=set(STATE_COLUMNS))] if state else [], columns=STATE_COLUMNS)
+    peers = pd.DataFrame(
+        [
+            {
+                "node": node,
+                "role": rec.role,
+                "status": rec.status,
+                "heartbeat": rec.heartbeat,
+                "heartbeat_at": rec.heartbeat_at,
+                "round": rec.round,
+                "registered_at": rec.registered_at,
+                "alive": rec.status == "alive" and now - rec.heartbeat_at <= liveness_timeout,
+            }
+            for node, observed in sorted(exchange.read_peers().items())
+            if (rec := observed.record) is not None
+        ],
+        columns=PEER_COLUMNS,
+    )
+    snapshot = Snapshot(
+        experiment=experiment,
+        now=now,
+        state=state_df,
+        peers=peers,
+        rewards=_sorted(pd.DataFrame(reward_rows(exchange), columns=REWARD_COLUMNS), ["node", "round", "stage"]),
+        rollouts_per_round=_sorted(pd.DataFrame(_rollout_rows(exchange), columns=ROLLOUT_COLUMNS), ROLLOUT_COLUMNS),
+        evals=pd.DataFrame(eval_rows(exchange), columns=EVAL_COLUMNS),
+        events=pd.DataFrame(columns=EVENT_COLUMNS),
+        metrics=pd.DataFrame(columns=METRIC_COLUMNS),
+        config=dict(experiment_record.config) if experiment_record else {},
+    )
+    _load_logs(storage, layout, snapshot)
+    return snapshot
+
+
+def _sorted(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    return df.sort_values(by).reset_index(drop=True) if not df.empty else df
+
+
+def _rollout_rows(exchange: Exchange) -> list[dict]:
+    layout, rows = exchange.layout, []
+    for round_info in exchange.storage.list(layout.rollouts_dir):
+        round_ = parse_round_dir(round_info.name)
+        if round_ is None or not round_info.is_dir:
+            continue
+        for stage_info in exchange.storage.list(layout.rollouts_round_dir(round_)):
+            stage = parse_stage_dir(stage_info.name)
+            if stage is None or not stage_info.is_dir:
+                continue
+            for node, batch in exchange.read_rollouts(round_, stage, exclude_self=False).items():
+                rows.append({"round": round_, "stage": stage, "node": node, "groups": len(batch.groups)})
+    return rows
+
+
+def _load_logs(storage: Storage, layout: Layout, snapshot: Snapshot) -> None:
+    events: list[dict] = []
+    metrics: list[dict] = []
+    for info in storage.list(f"{layout.root}/logs"):
+        if not info.is_dir:
+            continue
+        try:
+            node = validate_name(info.name)
+        except ValueError:
+            continue
+        present = {f.name for f in storage.list(layout.logs_dir(node)) if not f.is_dir}
+        snapshot.log_files[node] = present & set(LOG_FILES)
+        for rec in _read_lines(storage, layout.events_file(node), EventRecord, present, snapshot.problems):
+            events.append(
+                {
+                    "node": node,
+                    "ts": rec.ts,
+                    "round": rec.round,
+                    "event": rec.event,
+                    "level": rec.level,
+                    "message": rec.message,
+                }
+            )
+        for rec in _read_lines(storage, layout.metrics_file(node), MetricRecord, present, snapshot.problems):
+            metrics.append({"node": node, "ts": rec.ts, "round": rec.round, **rec.values})
+    snapshot.events = _sorted(pd.DataFrame(events, columns=EVENT_COLUMNS), ["ts"])
+    if metrics:
+        snapshot.metrics = pd.DataFrame(metrics).sort_values("ts").reset_index(drop=True)
+
+
+def _read_lines(storage: Storage, path: str, model, present: set[str], problems: list[str]) -> list:
+    if path.rsplit("/", 1)[-1] not in present:
+        return []
+    try:
+        data = storage.read_bytes(path, MAX_LOG_BYTES)
+    except OSError as exc:  # absent, too large, unreadable
+        problems.append(f"{path}: {exc}")
+        return []
+    records, bad = decode_lines(data, model)
+    problems.extend(f"{path}: {reason}" for reason in bad)
+    # A line whose node_id is not the folder's is another node's claim: not trusted.
+    node = path.rsplit("/", 2)[-2]
+    return [r for r in records if r.node_id == node]
+
+
+# -- findings --------------------------------------------------------------------------------
+
+
+def findings(snapshot: Snapshot, liveness_timeout: float = LIVENESS) -> list[Finding]:
+    """Health findings, most severe first: stale heartbeats, missing rewards and rollouts, error events."""
+    out: list[Finding] = [Finding("info", "state", _state_summary(snapshot))]
+    out += _heartbeat_findings(snapshot, liveness_timeout)
+    out += _missing_reward_findings(snapshot)
+    out += _missing_rollout_findings(snapshot)
+    events = snapshot.events
+    if not events.empty:
+        errors = events[events["level"] == "error"]
+        for node, rows in errors.groupby("node"):
+            last = rows.iloc[-1]
+            out.append(
+                Finding(
+                    "error",
+                    "error_events",
+                    f"{node}: {len(rows)} error event(s); last: {last['event']}: {last['message']}",
+                )
+            )
+    order = {"error": 0, "warning": 1, "info": 2}
+    return sorted(out, key=lambda f: order[f.severity])
+
+
+def _state_summary(snapshot: Snapshot) -> str:
+    state = snapshot.state_record
+    workers = snapshot.workers()
+    if state is None:
+        return f"experiment {snapshot.experiment}: no state yet; {len(workers)} worker(s) registered"
+    live = ", ".join(state["live_workers"]) or "none"
+    return (
+        f"experiment {snapshot.experiment}: {state['status']}, round {state['round']} of {state['max_rounds']} "
+        f"({state['num_stages']} stage(s)), {len(workers)} worker(s) registered, live workers: {live}"
+    )
+
+
+def _heartbeat_findings(snapshot: Snapshot, liveness_timeout: float) -> list[Finding]:
+    out: list[Finding] = []
+    state = snapshot.state_record
+    for peer in snapshot.peers.itertuples(index=False):
+        age = snapshot.now - peer.heartbeat_at
+        if peer.status != "alive" or age <= liveness_timeout:
+            continue
+        if peer.role == "worker":
+            out.append(
+                Finding(
+                    "warning",
+                    "stale_heartbeat",
+                    f"worker {peer.node}: last heartbeat {age:.0f} s ago (> {liveness_timeout:.0f} s) "
+                    f"and it never said it stopped",
+                )
+            )
+        elif state is not None and state["status"] == "running":
+            out.append(
+                Finding(
+                    "error",
+                    "coordinator_stale",
+                    f"coordinator {peer.node}: last heartbeat {age:.0f} s ago while the experiment is running: "
+                    "no round will advance",
+                )
+            )
+    return out
+
+
+def _closed_rounds(snapshot: Snapshot) -> int:
+    """Rounds before the current one (all of them once finished)."""
+    state = snapshot.state_record
+    return int(state["round"]) if state is not None else 0
+
+
+def _missing_reward_findings(snapshot: Snapshot) -> list[Finding]:
+    rewards = snapshot.rewards
+    if rewards.empty:
+        return []
+    state = snapshot.state_record
+    stages = int(state["num_stages"]) if state is not None else 1
+    current = _closed_rounds(snapshot)
+    out: list[Finding] = []
+    for node, rows in rewards.groupby("node"):
+        have = set(zip(rows["round"], rows["stage"], strict=True))
+        first = int(rows["round"].min())  # a late joiner is not expected before its first round
+        missing = sorted({r for r in range(first, current) for s in range(stages) if (r, s) not in have})
+        if missing:
+            out.append(
+                Finding("warning", "missing_reward", f"worker {node}: no reward for round(s) {_ranges(missing)}")
+            )
+    return out
+
+
+def _missing_rollout_findings(snapshot: Snapshot) -> list[Finding]:
+    """A worker that submitted a reward with J > 0 but has no rollouts in that round.
+
+    Only rounds where some node's rollouts are still present are checked: retention
+    (ROLLOUT_CLEANUP_ENABLED) removes whole old rounds, which is not a fault.
+    """
+    if int(snapshot.config.get("num_transplant_trees") or 0) <= 0 or snapshot.rewards.empty:
+        return []
+    rollouts = snapshot.rollouts_per_round
+    present_rounds = set(rollouts["round"]) if not rollouts.empty else set()
+    out: list[Finding] = []
+    for node, rows in snapshot.rewards.groupby("node"):
+        own = set(rollouts.loc[rollouts["node"] == node, "round"]) if not rollouts.empty else set()
+        missing = sorted(r for r in set(rows["round"]) if r in present_rounds and r not in own)
+        if missing:
+            out.append(
+                Finding(
+                    "warning",
+                    "missing_rollouts",
+                    f"worker {node}: submitted rewards but shared no valid rollouts in round(s) {_ranges(missing)}",
+                )
+            )
+    return out
+
+
+def _ranges(values: list[int]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+# -- the TEST_MODE validator -----------------------------------------------------------------
+
+
+def checks(snapshot: Snapshot, rounds: int, nodes: int, transplants: int) -> list[tuple[str, list[str]]]:
+    """Every check of :func:`validate` by name, with its failures (empty when it passed)."""
+    state = snapshot.state_record
+    workers = snapshot.workers()
+    result: list[tuple[str, list[str]]] = []
+
+    if state is None:
+        result.append(("state finished", ["no valid state file"]))
+    else:
+        bad = []
+        if state["status"] != "finished" or state["round"] < rounds:
+            bad.append(f"state is {state['status']} at round {state['round']}, expected finished at round {rounds}")
+        result.append((f"state finished after {rounds} rounds", bad))
+
+    bad = (
+        [] if len(workers) == nodes else [f"{len(workers)} workers registered ({', '.join(workers)}), expected {nodes}"]
+    )
+    result.append((f"{nodes} workers registered", bad))
+
+    have = set(zip(snapshot.rewards["node"], snapshot.rewards["round"], strict=True))
+    bad = [f"no reward from {w} for round {r}" for w in workers for r in range(rounds) if (w, r) not in have]
+    result.append(("a reward per worker per round", bad))
+
+    if transplants > 0:
+        rollouts = snapshot.rollouts_per_round
+        shared = set(zip(rollouts["node"], rollouts["round"], strict=True))
+        bad = [
+            f"no valid rollout file from {w} for round {r}"
+            for w in workers
+            for r in range(rounds)
+            if (w, r) not in shared
+        ]
+        result.append(("a rollout file per worker per round", bad))
+        rewards = snapshot.rewards
+        used = set(rewards.loc[rewards["external_groups"] > 0, "node"])
+        bad = [f"{w} never trained on external groups" for w in workers if w not in used]
+        result.append(("every worker used external groups", bad))
+
+    bad = [
+        f"{w} has no logs/{w}/{name}"
+        for w in workers
+        for name in LOG_FILES
+        if name not in snapshot.log_files.get(w, ())
+    ]
+    result.append(("logs present", bad))
+
+    events = snapshot.events
+    errors = events[events["level"] == "error"] if not events.empty else events
+    bad = [f"{e.node}: {e.event}: {e.message}" for e in errors.itertuples(index=False)]
+    result.append(("no error events", bad))
+    return result
+
+
+def validate(snapshot: Snapshot, rounds: int, nodes: int, transplants: int) -> list[str]:
+    """The TEST_MODE validator: a message per failed check, empty when every check passes."""
+    return [f"{name}: {msg}" for name, failures in checks(snapshot, rounds, nodes, transplants) for msg in failures]
+
+
+# -- commands --------------------------------------------------------------------------------
+
+
+def status_table(snapshot: Snapshot) -> str:
+    """The per-worker table of ``swarm-gdrive status``."""
+    header = ["worker", "status", "alive", "heartbeat", "round", "rewarded rounds", "reward (last 5)"]
+    lines = [header]
+    rewards = snapshot.rewards
+    for peer in snapshot.peers[snapshot.peers["role"] == "worker"].itertuples(index=False):
+        own = rewards[rewards["node"] == peer.node] if not rewards.empty else rewards
+        per_round = own.groupby("round")["reward"].mean().sort_index() if not own.empty else pd.Series(dtype=float)
+        last5 = f"{per_round.tail(5).mean():.3f}" if len(per_round) else "-"
+        lines.append(
+            [
+                peer.node,
+                peer.status,
+                "yes" if peer.alive else "no",
+                f"{snapshot.now - peer.heartbeat_at:.0f} s ago",
+                "-" if pd.isna(peer.round) else str(int(peer.round)),
+                str(len(per_round)),
+                last5,
+            ]
+        )
+    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in lines)
+
+
+def _config(args: argparse.Namespace):
+    from swarm_gdrive.config import ConfigError, from_env
+    from swarm_gdrive.storage import open_storage
+
+    env = {"GDRIVE_PATH": args.folder} if args.folder else {}
+    if args.experiment:
+        env["EXPERIMENT_NAME"] = args.experiment
+    try:
+        config = from_env({**os.environ, **env, "NODE_ROLE": "coordinator"})  # a reader: no model, no tasks
+    except ConfigError as exc:
+        print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
+        return None, None
+    return config, open_storage(config.gdrive_path)
+
+
+def status_main(args: argparse.Namespace) -> int:
+    config, storage = _config(args)
+    if config is None:
+        return 2
+    snapshot = load(storage, config.experiment_name, liveness_timeout=config.liveness_timeout)
+    print(_state_summary(snapshot))
+    print(status_table(snapshot))
+    print()
+    for finding in findings(snapshot, config.liveness_timeout):
+        print(f"{finding.severity.upper():<7} {finding.code}: {finding.message}")
+    return 0
+
+
+def validate_main(args: argparse.Namespace) -> int:
+    config, storage = _config(args)
+    if config is None:
+        return 2
+    snapshot = load(storage, config.experiment_name)
+    failed = 0
+    for name, failures in checks(snapshot, args.rounds, args.nodes, args.transplants):
+        print(f"{'PASS' if not failures else 'FAIL'} {name}")
+        for msg in failures:
+            print(f"     {msg}")
+        failed += bool(failures)
+    print(f"{'all checks passed' if not failed else f'{failed} check(s) failed'}")
+    return 0 if not failed else 1
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--folder", help="the shared folder (default: GDRIVE_PATH)")
+    parser.add_argument("--experiment", help="experiment name (default: EXPERIMENT_NAME)")
+
+
+def add_status_parser(sub) -> argparse.ArgumentParser:
+    parser = sub.add_parser("status", help="the experiment now: workers, heartbeats, rewards, findings (reads only)")
+    _common(parser)
+    return parser
+
+
+def add_validate_parser(sub) -> argparse.ArgumentParser:
+    parser = sub.add_parser("validate", help="check a finished TEST_MODE run; exit 1 when a check fails (reads only)")
+    parser.add_argument("--rounds", type=int, required=True, help="rounds the run should have completed")
+    parser.add_argument("--nodes", type=int, required=True, help="workers that should have registered")
+    parser.add_argument("--transplants", type=int, default=0, help="J: also check rollouts and external groups")
+    _common(parser)
+    return parser
+
+
+def main_for_tests(argv: list[str] | None = None) -> int:
+    """``status`` and ``validate`` without cli.py (also ``python -m swarm_gdrive.monitor``)."""
+    parser = argparse.ArgumentParser(prog="swarm-gdrive-monitor", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_status_parser(sub)
+    add_validate_parser(sub)
+    args = parser.parse_args(argv)
+    return {"status": status_main, "validate": validate_main}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main_for_tests())
