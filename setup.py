@@ -21,8 +21,9 @@ setup(
     extras_require={
         # trl: the reference GRPO implementation the loss is tested against (not needed at run time).
         # s3fs + moto: the S3 backend tested against moto's S3 server on 127.0.0.1.
+        # papermill/nbclient/ipykernel: every notebook is executed headless in the tests.
         "test": ["pytest>=8", "ruff>=0.6", "trl>=1.16,<2", "accelerate>=1.0", "datasets>=3", "s3fs>=2024.2",
-                 "moto[server]>=5"],
+                 "moto[server]>=5", "papermill>=2.6", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6"],
         "s3": ["s3fs>=2024.2"],
         "gcs": ["gcsfs>=2024.2"],
     },
