@@ -1,0 +1,303 @@
+"""The monitor's figures: each function takes a :class:`~swarm_gdrive.monitor.Snapshot` and returns a
+:class:`matplotlib.figure.Figure`.
+
+Figures are built with :class:`~matplotlib.figure.Figure` directly (no pyplot, no global figure
+registry, no GUI backend), so they are safe under Agg, in threads and in notebooks, and are freed
+when dropped. Every function draws a "no data yet" figure instead of raising when the experiment
+has nothing to show. Nodes keep the same color in every figure of a snapshot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Callable, Iterable
+
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from swarm_gdrive.monitor import Snapshot
+
+NO_DATA = "no data yet"
+FIGSIZE = (8.0, 4.5)
+#: Rounds in the rolling mean of the reward figure.
+ROLLING = 5
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _no_data(title: str, detail: str = "") -> Figure:
+    fig = Figure(figsize=FIGSIZE)
+    ax = fig.subplots()
+    text = NO_DATA + (f"\n{detail}" if detail else "")
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=14, color="gray", transform=ax.transAxes)
+    ax.set(title=title, xlabel="round", ylabel="")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return fig
+
+
+def _finish(ax: Axes, title: str, xlabel: str, ylabel: str, legend_title: str | None = "node") -> None:
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    if xlabel.startswith("round") or xlabel.startswith("evaluated"):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(title=legend_title, fontsize="small")
+
+
+def node_colors(snapshot: Snapshot) -> dict[str, str]:
+    """A stable color per node (workers first, sorted), shared by every figure of the snapshot."""
+    nodes = sorted(set(snapshot.workers()) | set(snapshot.rewards["node"]) | set(snapshot.rollouts_per_round["node"]))
+    nodes += sorted(set(snapshot.peers["node"]) - set(nodes))
+    return {node: f"C{i % 10}" for i, node in enumerate(nodes)}
+
+
+def _per_round_reward(snapshot: Snapshot) -> pd.DataFrame:
+    """Mean reward (over stages) per round x node."""
+    return snapshot.rewards.groupby(["round", "node"])["reward"].mean().unstack("node").sort_index()
+
+
+def _metric(snapshot: Snapshot, key: str) -> pd.DataFrame:
+    """Rows of ``metrics`` that carry ``key``, with node, round and the value."""
+    metrics = snapshot.metrics
+    if metrics.empty or key not in metrics.columns:
+        return pd.DataFrame(columns=["node", "round", key])
+    rows = metrics.loc[metrics[key].notna() & metrics["round"].notna(), ["node", "round", key]]
+    return rows.astype({"round": int})
+
+
+# -- figures ---------------------------------------------------------------------------------
+
+
+def reward_per_round(snapshot: Snapshot, window: int = ROLLING) -> Figure:
+    """Reward per node per round (dots) with a ``window``-round rolling mean (line)."""
+    title = "Training reward per round"
+    if snapshot.rewards.empty:
+        return _no_data(title)
+    colors = node_colors(snapshot)
+    fig = Figure(figsize=FIGSIZE)
+    ax = fig.subplots()
+    per_round = _per_round_reward(snapshot)
+    for node in per_round.columns:
+        series = per_round[node].dropna()
+        color = colors.get(node)
+        ax.plot(series.index, series.values, "o", color=color, alpha=0.5)
+        rolling = series.rolling(window, min_periods=1).mean()
+        ax.plot(rolling.index, rolling.values, "-", color=color, linewidth=2, label=node)
+    _finish(ax, f"{title} (dots) and {window}-round rolling mean (lines)", "round", "mean reward of local completions")
+    fig.tight_layout()
+    return fig
+
+
+def cumulative_reward(snapshot: Snapshot) -> Figure:
+    """Each node's cumulative sum of its per-round mean reward."""
+    title = "Cumulative training reward"
+    if snapshot.rewards.empty:
+        return _no_data(title)
+    colors = node_colors(snapshot)
+    fig = Figure(figsize=FIGSIZE)
+    ax = fig.subplots()
+    per_round = _per_round_reward(snapshot)
+    for node in per_round.columns:
+        series = per_round[node].dropna().cumsum()
+        ax.plot(series.index, series.values, marker=".", color=colors.get(node), label=node)
+    _finish(ax, title, "round", "cumulative reward")
+    fig.tight_layout()
+    return fig
+
+
+def swarm_reward_spread(snapshot: Snapshot) -> Figure:
+    """Swarm mean reward per round with a +-1 std band, min and max, and each node's value as a dot."""
+    title = "Swarm reward: mean +- std, min/max"
+    if snapshot.rewards.empty:
+        return _no_data(title)
+    colors = node_colors(snapshot)
+    fig = Figure(figsize=FIGSIZE)
+    ax = fig.subplots()
+    per_round = _per_round_reward(snapshot)
+    mean, std = per_round.mean(axis=1), per_round.std(axis=1, ddof=0).fillna(0.0)
+    x = per_round.index
+    ax.fill_between(x, mean - std, mean + std, color="tab:blue", alpha=0.2, label="mean +- std")
+    ax.plot(x, mean, color="tab:blue", linewidth=2, label="swarm mean")
+    ax.plot(x, per_round.min(axis=1), "--", color="gray", linewidth=1, label="min")
+    ax.plot(x, per_round.max(axis=1), ":", color="gray", linewidth=1, label="max")
+    for node in per_round.columns:
+        series = per_round[node].dropna()
+        ax.scatter(series.index, series.values, s=14, color=colors.get(node), alpha=0.7, label=node, zorder=3)
+    _finish(ax, title, "round", "mean reward", legend_title=None)
+    fig.tight_layout()
+    return fig
+
+
+def live_workers(snapshot: Snapshot) -> Figure:
+    """Workers with a reward in each round, and the coordinator's ``swarm/live_workers`` when logged."""
+    title = "Live workers per round"
+    coord = _metric(snapshot, "swarm/live_workers")
+    if snapshot.rewards.empty and coord.empty:
+        return _no_data(title)
+    fig = Figure(figsize=FIGSIZE)
+    ax = fig.subplots()
+    if not snapshot.rewards.empty:
+        rewarded = snapshot.rewards.groupby("round")["node"].nunique().sort_index()
+        ax.bar(rewarded.index, rewarded.values, color="tab:green", alpha=0.5, label="workers with a reward")
+    if not coord.empty:
+        for node, rows in coord.groupby("node"):
+            last = rows.groupby("round")["swarm/live_workers"].last().sort_index()
+            ax.plot(last.index, last.values, "o-", color="black", label=f"live workers ({node}'s view)")
+    state = snapshot.state_record
+    if state is not None and state.get("live_workers") is not None:
+        ax.axhline(len(state["live_workers"]), color="tab:red", linestyle=":", label="live now (state file)")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    _finish(ax, title, "round", "workers", legend_title=None)
+    fig.tight_layout()
+    return fig
+
+
+def rollouts_exchanged(snapshot: Snapshot) -> Figure:
+    """Groups published per round (stacked by node) and external groups each node trained on."""
+    title = "Rollouts exchanged"
+    rollouts, rewards = snapshot.rollouts_per_round, snapshot.rewards
+    used_metric = _metric(snapshot, "swarm/external_used")
+    if rollouts.empty and rewards.empty and used_metric.empty:
+        return _no_data(title)
+    colors = node_colors(snapshot)
+    fig = Figure(figsize=(12.0, 4.5))
+    left, right = fig.subplots(1, 2)
+    if not rollouts.empty:
+        published = rollouts.groupby(["round", "node"])["groups"].sum().unstack("node").fillna(0).sort_index()
+        bottom = pd.Series(0.0, index=published.index)
+        for node in published.columns:
+            left.bar(published.index, published[node], bottom=bottom, color=colors.get(node), label=node)
+            bottom += published[node]
+    else:
+        left.text(0.5, 0.5, "no rollout files", ha="center", va="center", color="gray", transform=left.transAxes)
+    _finish(left, "Groups published per round", "round", "groups in rollout files")
+    if not rewards.empty:
+        used = rewards.groupby(["round", "node"])["external_groups"].sum().unstack("node").sort_index()
+        for node in used.columns:
+            series = used[node].dropna()
+            right.plot(series.index, series.values, "o-", color=colors.get(node), label=node)
+    if not used_metric.empty:
+        total = used_metric.groupby("round")["swarm/external_used"].sum().sort_index()
+        right.plot(total.index, total.values, "k--", label="total of shown nodes (swarm/external_used)")
+    right.set_ylim(bottom=0)
+    right.yaxis.set_major_locator(MaxNLocator(integer=True))
+    _finish(right, "External groups used per round", "round", "external groups trained on")
+    fig.tight_layout()
+    return fig
+
+
+def reward_histogram(snapshot: Snapshot, bins: int = 20) -> Figure:
+    """Distribution of reward-file rewards, one step histogram per node."""
+    title = "Reward distribution"
+    rewards = snapshot.rewards
+    if rewards.empty:
+        return _no_data(title)
+    colors = node_colors(snapshot)
+    fig = Figure(figsize=FIGSIZE)
+    ax = fig.subplots()
+    lo, hi = float(rewards["reward"].min()), float(rewards["reward"].max())
+    edges = [lo + (hi - lo) * i / bins for i in range(bins + 1)] if hi > lo else [lo - 0.5, lo + 0.5]
+    for node, rows in rewards.groupby("node"):
+        ax.hist(rows["reward"], bins=edges, histtype="step", linewidth=2, color=colors.get(node), label=node)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    _finish(ax, f"{title} (per node, round and stage)", "reward", "count")
+    fig.tight_layout()
+    return fig
+
+
+def completion_lengths(snapshot: Snapshot) -> Figure:
+    """Mean completion length per node per round (metric ``completion/length_mean``)."""
+    title = "Completion length"
+    lengths = _metric(snapshot, "completion/length_mean")
+    if lengths.empty:
+        return _no_data(title, "(no completion/length_mean metrics)")
+    colors = node_colors(snapshot)
+    fig = Figure(figsize=FIGSIZE)
+    ax = fig.subplots()
+    for node, rows in lengths.groupby("node"):
+        series = rows.groupby("round")["completion/length_mean"].mean().sort_index()
+        ax.plot(series.index, series.values, "o-", color=colors.get(node), label=node)
+    _finish(ax, f"{title}: mean per round", "round", "tokens per completion")
+    fig.tight_layout()
+    return fig
+
+
+def eval_pass1(snapshot: Snapshot) -> Figure:
+    """Held-out pass@1 per node, one panel per task, over rounds (lowest curriculum level of each task)."""
+    title = "Held-out pass@1"
+    evals = snapshot.evals
+    if evals.empty:
+        return _no_data(title, "(no evaluations)")
+    colors = node_colors(snapshot)
+    tasks = sorted(evals["task"].unique())
+    fig = Figure(figsize=(max(6.0, 4.5 * len(tasks)), 4.5))
+    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
+    for ax, task in zip(axes, tasks, strict=True):
+        rows = evals[evals["task"] == task]
+        rows = rows[rows["level"] == rows["level"].min()]
+        for node, own in rows.groupby("node"):
+            series = own.groupby("round")["pass1"].mean().sort_index()
+            ax.plot(series.index, series.values, "o-", color=colors.get(node), label=node)
+        ax.set_ylim(-0.02, 1.02)
+        _finish(ax, f"{title}: {task}", "evaluated before round", "greedy pass@1")
+    fig.tight_layout()
+    return fig
+
+
+FIGURES: dict[str, Callable[[Snapshot], Figure]] = {
+    "reward_per_round": reward_per_round,
+    "cumulative_reward": cumulative_reward,
+    "swarm_reward_spread": swarm_reward_spread,
+    "live_workers": live_workers,
+    "rollouts_exchanged": rollouts_exchanged,
+    "reward_histogram": reward_histogram,
+    "completion_lengths": completion_lengths,
+    "eval_pass1": eval_pass1,
+}
+
+
+def all_figures(snapshot: Snapshot, nodes: Iterable[str] | None = None) -> dict[str, Figure]:
+    """Every figure by name; with ``nodes``, only those workers (see :func:`filter_nodes`)."""
+    if nodes is not None:
+        snapshot = filter_nodes(snapshot, nodes)
+    return {name: fn(snapshot) for name, fn in FIGURES.items()}
+
+
+def filter_nodes(snapshot: Snapshot, nodes: Iterable[str]) -> Snapshot:
+    """A copy of ``snapshot`` whose per-worker rows are those of ``nodes``; rows of nodes that are not
+    workers (the coordinator's metrics, e.g. ``swarm/live_workers``) are kept, and so are the peers (node
+    colors stay the same whatever the filter)."""
+    keep = set(nodes)
+    workers = set(snapshot.workers()) | set(snapshot.rewards["node"]) | set(snapshot.rollouts_per_round["node"])
+    drop = workers - keep
+
+    def keep_rows(df: pd.DataFrame) -> pd.DataFrame:
+        if df.empty or "node" not in df.columns:
+            return df
+        return df[~df["node"].isin(drop)].reset_index(drop=True)
+
+    return dataclasses.replace(
+        snapshot,
+        rewards=keep_rows(snapshot.rewards),
+        rollouts_per_round=keep_rows(snapshot.rollouts_per_round),
+        evals=keep_rows(snapshot.evals),
+        events=keep_rows(snapshot.events),
+        metrics=keep_rows(snapshot.metrics),
+    )
+
+
+def to_png(fig: Figure, dpi: int = 100) -> bytes:
+    """The figure as PNG bytes (works without pyplot and without a display)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+def legend_labels(fig: Figure) -> set[str]:
+    """Every legend entry of the figure's axes (for tests and the dashboard's node filter)."""
+    return {text.get_text() for ax in fig.axes if (legend := ax.get_legend()) for text in legend.get_texts()}
