@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 
 from swarm_gdrive.exchange import Exchange
-from swarm_gdrive.layout import Layout, parse_round_dir, parse_stage_dir
+from swarm_gdrive.layout import parse_round_dir, parse_stage_dir
 from swarm_gdrive.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -62,84 +62,39 @@ def eval_rows(exchange: Exchange) -> list[dict]:
     ]
 
 
+FIGURE_TITLES = {
+    "reward_per_round": "Training reward per worker per round, with its rolling mean",
+    "cumulative_reward": "Cumulative training reward",
+    "swarm_reward_spread": "Swarm mean and spread of reward",
+    "live_workers": "Live workers per round",
+    "rollouts_exchanged": "Rollouts published and external groups used per round",
+    "reward_histogram": "Reward histogram",
+    "completion_lengths": "Completion lengths",
+    "eval_pass1": "Held-out pass@1 per worker and task",
+}
+
+
 def write_report(storage: Storage, experiment: str, out: Path) -> list[Path]:
-    """Write rewards.csv, evals.csv, the plots and index.html into ``out``; returns the files written."""
-    import matplotlib
+    """Write rewards.csv, evals.csv, one PNG per monitor plot and index.html into ``out``; returns the files."""
+    from swarm_gdrive import monitor, plots  # they import this module's row readers
 
-    matplotlib.use("Agg")
-    import pandas as pd
-    from matplotlib import pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    exchange = Exchange(storage, Layout(experiment), "report")
+    snapshot = monitor.load(storage, experiment)
     out.mkdir(parents=True, exist_ok=True)
-    rewards = pd.DataFrame(
-        reward_rows(exchange), columns=["node", "round", "stage", "reward", "local_groups", "external_groups"]
-    )
-    evals = pd.DataFrame(
-        eval_rows(exchange), columns=["node", "round", "task", "level", "n", "pass1", "mean_score", "k", "pass_k"]
-    )
     files = [out / "rewards.csv", out / "evals.csv"]
-    rewards.sort_values(["node", "round", "stage"]).to_csv(files[0], index=False)
-    evals.sort_values(["node", "task", "round", "level"]).to_csv(files[1], index=False)
-    figures: list[tuple[str, str]] = []
-
-    if not rewards.empty:
-        per_round = rewards.groupby(["node", "round"])["reward"].mean().unstack("node").sort_index()
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-        for node in per_round.columns:
-            series = per_round[node].dropna()
-            line = ax1.plot(series.index, series.values, marker="o", alpha=0.5, label=node)[0]
-            ax1.plot(series.index, series.rolling(5, min_periods=1).mean(), color=line.get_color(), linewidth=2)
-            ax2.plot(series.index, series.cumsum(), marker=".", label=node)
-        ax1.set(
-            title="Training reward per round (dots) and 5-round rolling mean",
-            xlabel="round",
-            ylabel="mean reward of local completions",
-        )
-        ax2.set(title="Cumulative training reward", xlabel="round", ylabel="cumulative reward")
-        for ax in (ax1, ax2):
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.legend(title="worker", fontsize="small")
-            ax.grid(alpha=0.3)
-        fig.tight_layout()
-        files.append(_save(fig, out / "reward_per_round.png"))
-        figures.append(("reward_per_round.png", "Training reward per worker"))
-
-    base = evals[evals["level"] == 0] if not evals.empty else evals
-    if not base.empty:
-        tasks = sorted(base["task"].unique())
-        fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4.5), squeeze=False)
-        for ax, task in zip(axes[0], tasks, strict=True):
-            for node, rows in base[base["task"] == task].groupby("node"):
-                rows = rows.sort_values("round")
-                ax.plot(rows["round"], rows["pass1"], marker="o", label=node)
-            ax.set(
-                title=f"Held-out pass@1: {task}",
-                xlabel="evaluated before round",
-                ylabel="greedy pass@1",
-                ylim=(-0.02, 1.02),
-            )
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.legend(title="worker", fontsize="small")
-            ax.grid(alpha=0.3)
-        fig.tight_layout()
-        files.append(_save(fig, out / "eval_pass1.png"))
-        figures.append(("eval_pass1.png", "Held-out accuracy per worker and task"))
-
-    files.append(_html(out / "index.html", experiment, figures, rewards, evals))
+    snapshot.rewards.sort_values(["node", "round", "stage"]).to_csv(files[0], index=False)
+    snapshot.evals.sort_values(["node", "task", "round", "level"]).to_csv(files[1], index=False)
+    figures = []
+    for name, figure in plots.all_figures(snapshot).items():
+        path = out / f"{name}.png"
+        figure.savefig(path, dpi=110)
+        files.append(path)
+        figures.append((path.name, FIGURE_TITLES.get(name, name)))
+    found = monitor.findings(snapshot)
+    files.append(_html(out / "index.html", experiment, figures, snapshot.rewards, snapshot.evals, found))
     return files
 
 
-def _save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path
-
-
-def _html(path: Path, experiment: str, figures: list[tuple[str, str]], rewards, evals) -> Path:
+def _html(path: Path, experiment: str, figures: list[tuple[str, str]], rewards, evals, found) -> Path:
     parts = [
         f"<!doctype html><meta charset='utf-8'><title>{html.escape(experiment)}</title>",
         f"<h1>Experiment {html.escape(experiment)}</h1>",
@@ -147,12 +102,12 @@ def _html(path: Path, experiment: str, figures: list[tuple[str, str]], rewards, 
         f"{rewards['round'].nunique() if not rewards.empty else 0} rounds with rewards, "
         f"{len(evals)} held-out results. Data: <a href='rewards.csv'>rewards.csv</a>, "
         "<a href='evals.csv'>evals.csv</a>.</p>",
+        "<h2>Findings</h2><ul>",
     ]
+    parts += [f"<li><b>{html.escape(f.severity)}</b> {html.escape(f.message)}</li>" for f in found]
+    parts.append("</ul>")
     for name, title in figures:
-        parts.append(
-            f"<h2>{html.escape(title)}</h2><img src='{name}' alt='{html.escape(title)}' style='max-width:100%'>"
-        )
-    if not figures:
-        parts.append("<p>No rewards or evaluations in this experiment yet.</p>")
+        label = html.escape(title)
+        parts.append(f"<h2>{label}</h2><img src='{name}' alt='{label}' style='max-width:100%'>")
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
