@@ -47,7 +47,9 @@ STATE_COLUMNS = [
 ]
 PEER_COLUMNS = ["node", "role", "status", "heartbeat", "heartbeat_at", "round", "registered_at", "alive"]
 REWARD_COLUMNS = ["node", "round", "stage", "reward", "local_groups", "external_groups"]
-ROLLOUT_COLUMNS = ["round", "stage", "node", "groups"]
+ROLLOUT_COLUMNS = ["round", "stage", "node", "groups", "bytes"]
+#: Rollouts above this total are flagged: Drive's free 15 GB fills up; ROLLOUT_CLEANUP_ENABLED keeps it flat.
+STORAGE_WARNING_BYTES = 1 << 30
 EVAL_COLUMNS = ["node", "round", "task", "level", "n", "pass1", "mean_score", "k", "pass_k"]
 EVENT_COLUMNS = ["node", "ts", "round", "event", "level", "message"]
 METRIC_COLUMNS = ["node", "ts", "round"]
@@ -155,8 +157,18 @@ def _rollout_rows(exchange: Exchange) -> list[dict]:
             stage = parse_stage_dir(stage_info.name)
             if stage is None or not stage_info.is_dir:
                 continue
+            folder = layout.rollouts_stage_dir(round_, stage)
+            sizes = {info.name: info.size for info in exchange.storage.list(folder)}
             for node, batch in exchange.read_rollouts(round_, stage, exclude_self=False).items():
-                rows.append({"round": round_, "stage": stage, "node": node, "groups": len(batch.groups)})
+                rows.append(
+                    {
+                        "round": round_,
+                        "stage": stage,
+                        "node": node,
+                        "groups": len(batch.groups),
+                        "bytes": sizes.get(f"{node}.json", 0),
+                    }
+                )
     return rows
 
 
@@ -214,6 +226,8 @@ def findings(snapshot: Snapshot, liveness_timeout: float = LIVENESS) -> list[Fin
     out += _heartbeat_findings(snapshot, liveness_timeout)
     out += _missing_reward_findings(snapshot)
     out += _missing_rollout_findings(snapshot)
+    out += _advance_findings(snapshot, liveness_timeout)
+    out += _storage_findings(snapshot)
     events = snapshot.events
     if not events.empty:
         errors = events[events["level"] == "error"]
@@ -268,6 +282,39 @@ def _heartbeat_findings(snapshot: Snapshot, liveness_timeout: float) -> list[Fin
                 )
             )
     return out
+
+
+def _advance_findings(snapshot: Snapshot, liveness_timeout: float) -> list[Finding]:
+    """A running round whose deadline passed long ago: the coordinator stopped advancing."""
+    state = snapshot.state_record
+    if state is None or state["status"] != "running":
+        return []
+    late = snapshot.now - float(state["round_deadline"])
+    if late <= liveness_timeout:
+        return []
+    return [
+        Finding(
+            "error",
+            "coordinator_not_advancing",
+            f"round {state['round']} should have closed {late:.0f} s ago (COORDINATOR_ROUND_INTERVAL): "
+            "the coordinator has stopped advancing; restart it (it resumes this round)",
+        )
+    ]
+
+
+def _storage_findings(snapshot: Snapshot) -> list[Finding]:
+    """How much the shared rollouts take, and a warning when it grows large."""
+    rollouts = snapshot.rollouts_per_round
+    if rollouts.empty:
+        return []
+    total = int(rollouts["bytes"].sum())
+    rounds = rollouts["round"].nunique()
+    message = (
+        f"rollouts take {total / 2**20:.1f} MB over {rounds} round(s) (about {total / rounds / 2**20:.2f} MB a round)"
+    )
+    if total > STORAGE_WARNING_BYTES:
+        return [Finding("warning", "storage_growth", message + ": set ROLLOUT_CLEANUP_ENABLED=true to keep the last N")]
+    return [Finding("info", "storage", message)]
 
 
 def _closed_rounds(snapshot: Snapshot) -> int:

@@ -208,3 +208,39 @@ def test_a_sigkilled_coordinator_restarts_where_it_was_and_the_round_never_goes_
     events, _ = decode_lines((folder / layout.events_file("coordinator")).read_bytes(), EventRecord)
     resumed = [e for e in events if e.event == "coordinator_resumed"]
     assert len(resumed) == 1 and resumed[0].round == killed_at.round
+
+
+def test_monitor_and_validator_report_a_dead_worker_and_its_missing_rounds(tmp_path):
+    """A worker SIGKILLed for good: the swarm finishes on the interval, and the monitor says what happened."""
+    from swarm_gdrive.monitor import findings, load, validate
+    from swarm_gdrive.storage import LocalStorage
+
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = {
+        **base_env(folder),
+        "MIN_WORKERS": "2",
+        "MAX_ROUNDS": "3",
+        "NUM_TRANSPLANT_TREES": "1",
+        "COORDINATOR_ROUND_INTERVAL": "2",
+        "ROLLOUT_WAIT_TIMEOUT": "1",
+        "LIVENESS_TIMEOUT": "60",
+        "SYNTHETIC_STEP_SECONDS": "0.1",
+    }
+    layout = Layout("itest")
+    nodes = [NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"})]
+    nodes += [NodeProcess(w, {**env, "NODE_ID": w}) for w in WORKERS[:2]]
+    try:
+        wait_until(lambda: (folder / layout.reward_file(0, 0, "worker-2")).exists(), 60, "round 0", nodes)
+        nodes[2].kill()  # worker-2 dies for good
+        codes = [nodes[0].wait(timeout=60), nodes[1].wait(timeout=60)]
+    finally:
+        stop_all([n for n in nodes if n.returncode is None], timeout=5)
+    assert codes == [0, 0]
+    snapshot = load(LocalStorage(folder), "itest", liveness_timeout=1.0)
+    failed = validate(snapshot, rounds=3, nodes=2, transplants=1)
+    assert any("worker-2" in m and "reward" in m for m in failed), failed
+    found = {(f.code, f.severity): f.message for f in findings(snapshot, liveness_timeout=1.0)}
+    assert any(code == "stale_heartbeat" and "worker-2" in msg for (code, _), msg in found.items()), found
+    assert any(code == "missing_reward" and "worker-2" in msg for (code, _), msg in found.items()), found
+    assert not any("worker-1" in msg for (code, _), msg in found.items() if code != "state" and code != "storage")

@@ -127,8 +127,9 @@ def test_a_healthy_run_validates_and_has_no_warnings(finished):
     snap = load(LocalStorage(finished), EXPERIMENT)
     assert validate(snap, rounds=3, nodes=2, transplants=1) == []
     found = findings(snap)
-    assert [f.severity for f in found] == ["info"]
+    assert [(f.severity, f.code) for f in found] == [("info", "state"), ("info", "storage")]
     assert "finished, round 3 of 3" in found[0].message
+    assert "over 3 round(s)" in found[1].message and "MB a round" in found[1].message
     failed = validate(snap, rounds=4, nodes=3, transplants=1)
     assert any("expected finished at round 4" in m for m in failed)
     assert any("expected 3" in m for m in failed)
@@ -217,3 +218,26 @@ def _rewrite_state(folder: Path, **update: object) -> None:
 
     path = folder / LAYOUT.state_file
     path.write_bytes(encode(decode(path.read_bytes(), StateRecord).model_copy(update=update)))
+
+
+def test_a_round_long_past_its_deadline_means_the_coordinator_stopped_advancing(finished):
+    import dataclasses
+
+    snap = load(LocalStorage(finished), EXPERIMENT)
+    state = snap.state.copy()
+    state.loc[:, "status"] = "running"
+    late = dataclasses.replace(snap, state=state, now=float(state["round_deadline"].iloc[0]) + 1000)
+    codes = {f.code: f.severity for f in findings(late, liveness_timeout=120)}
+    assert codes["coordinator_not_advancing"] == "error"
+    on_time = dataclasses.replace(snap, state=state, now=float(state["round_deadline"].iloc[0]) + 10)
+    assert "coordinator_not_advancing" not in {f.code for f in findings(on_time, liveness_timeout=120)}
+
+
+def test_large_rollouts_are_flagged(finished, monkeypatch):
+    import swarm_gdrive.monitor as monitor
+
+    monkeypatch.setattr(monitor, "STORAGE_WARNING_BYTES", 10)
+    found = {f.code: f for f in findings(load(LocalStorage(finished), EXPERIMENT))}
+    assert (
+        found["storage_growth"].severity == "warning" and "ROLLOUT_CLEANUP_ENABLED" in found["storage_growth"].message
+    )
