@@ -66,6 +66,7 @@ class Worker:
             "file_rejected", f"{path}: {reason}", level="warning", path=path
         )
         self.heartbeat: Heartbeat | None = None
+        self._backend_mark: dict[str, int] = {}
         self._state_backoff = Backoff(config.poll_interval_min, config.poll_interval_max)
         self._gather_backoff = Backoff(config.poll_interval_min, min(config.poll_interval_max, 2.0))
 
@@ -209,7 +210,6 @@ class Worker:
         started = time.monotonic()
         calls_before = dict(self.exchange.stats)
         backend = getattr(self.exchange.storage, "counters", None)  # a remote backend's API calls and bytes
-        backend_before = dict(backend) if backend is not None else {}
         if self.config.eval_interval and round_ % self.config.eval_interval == 0:
             self.evaluate(round_, state.run_id)
         buffered: list[RolloutBatch] = []
@@ -228,8 +228,9 @@ class Worker:
                 )
         after = self.workload.end_round(round_, final=False)
         stats = {f"storage/{k}": v - calls_before[k] for k, v in self.exchange.stats.items()}
-        if backend is not None:
-            stats.update({f"storage/backend_{k}": v - backend_before.get(k, 0) for k, v in backend.items()})
+        if backend is not None:  # everything since the previous round's line: state polls and log flushes too
+            stats.update({f"storage/backend_{k}": v - self._backend_mark.get(k, 0) for k, v in backend.items()})
+            self._backend_mark = dict(backend)
         self.log.metric({"round/seconds": time.monotonic() - started, **stats, **after})
         self.log.flush()
         self.identity.write_local(last_round=round_)

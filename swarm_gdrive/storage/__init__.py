@@ -25,8 +25,8 @@ __all__ = [
 def open_storage(
     location: str, credentials_file: str | None = None, token_file: str | None = None, api_url: str | None = None
 ) -> Storage:
-    """The backend for GDRIVE_PATH: ``gdrive://<folder-id>/path`` (Drive API), ``pydrive2://...`` or any
-    other fsspec URL (``s3://``, ``gs://``, ``memory://``), else a local or mounted folder."""
+    """The backend for GDRIVE_PATH: ``gdrive://<folder-id>/path`` (Drive API), any fsspec URL (``s3://``,
+    ``gs://``, ``memory://``), else a local or mounted folder. PyDrive2's filesystem is not wired yet."""
     if location.startswith("gdrive://"):
         from swarm_gdrive.storage.drive import DriveStorage, build_service, parse_drive_url
 
@@ -35,7 +35,7 @@ def open_storage(
     if "://" in location:
         from swarm_gdrive.storage.fsspec_storage import FsspecStorage
 
-        # PyDrive2's fsspec filesystem also calls itself gdrive://; pydrive2:// selects it.
-        url = "gdrive://" + location[len("pydrive2://") :] if location.startswith("pydrive2://") else location
-        return FsspecStorage(url)
+        if location.startswith("pydrive2://"):
+            raise StorageError("GDRIVE_PATH=pydrive2://...: PyDrive2's filesystem is not supported yet; use gdrive://")
+        return FsspecStorage(location)
     return LocalStorage(location)

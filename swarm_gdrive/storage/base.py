@@ -16,6 +16,8 @@ from tenacity import (
     before_sleep_log,
     retry_if_exception,
     stop_after_attempt,
+    stop_after_delay,
+    stop_all,
     wait_random_exponential,
 )
 
@@ -84,11 +86,20 @@ class Storage(Protocol):
         ...
 
 
-def retrying(is_transient: Callable[[BaseException], bool], attempts: int, max_wait: float) -> Retrying:
-    """A tenacity policy: exponential backoff with jitter on transient errors only."""
+def retrying(
+    is_transient: Callable[[BaseException], bool], attempts: int, max_wait: float, min_seconds: float = 0.0
+) -> Retrying:
+    """A tenacity policy: exponential backoff with jitter on transient errors only.
+
+    It gives up after ``attempts`` tries, but not before ``min_seconds`` have passed: a burst of
+    rate-limit answers can outlast a handful of quick retries.
+    """
+    stop = stop_after_attempt(attempts)
+    if min_seconds > 0:
+        stop = stop_all(stop, stop_after_delay(min_seconds))
     return Retrying(
         retry=retry_if_exception(is_transient),
-        stop=stop_after_attempt(attempts),
+        stop=stop,
         wait=wait_random_exponential(multiplier=0.2, max=max_wait),
         before_sleep=before_sleep_log(logger, logging.WARNING),
         reraise=True,

@@ -48,6 +48,9 @@ YOUNG_FOLDER_S = 120.0
 RECHECK_YOUNG_S = 2.0
 _FILE_FIELDS = "id,name,mimeType,size,md5Checksum,modifiedTime,createdTime"
 _LIST_FIELDS = f"nextPageToken,files({_FILE_FIELDS})"
+#: Shared drives (where a service account can own files) need these on every request.
+_ALL_DRIVES = {"supportsAllDrives": True}
+_LIST_ALL_DRIVES = {"supportsAllDrives": True, "includeItemsFromAllDrives": True}
 _RETRY_REASONS = {"userRateLimitExceeded", "rateLimitExceeded", "backendError", "internalError"}
 
 
@@ -138,12 +141,14 @@ class DriveStorage:
         retry_attempts: int = 8,
         retry_max_wait: float = 30.0,
         cache_ttl: float = 60.0,
+        min_retry_s: float = 60.0,
     ) -> None:
         self.root_folder_id = root_folder_id
         self.prefix = [p for p in PurePosixPath(prefix).parts if p not in ("", "/")] if prefix else []
         self._service = service
         self._attempts = retry_attempts
         self._max_wait = retry_max_wait
+        self._min_retry_s = min_retry_s
         self._lock = threading.RLock()
         self._api_lock = threading.Lock()
         # folder path -> (ids of every folder at that path, oldest first; when resolved; newest createdTime)
@@ -169,16 +174,21 @@ class DriveStorage:
 
     def _call(self, request_factory: Any) -> Any:
         """Execute a request (built fresh per attempt), retrying transient failures only."""
-        for attempt in retrying(is_transient_drive_error, self._attempts, self._max_wait):
-            with attempt:
-                if attempt.retry_state.attempt_number > 1:
-                    self.counters["retries"] += 1
-                self.counters["api_calls"] += 1
-                try:
-                    with self._api_lock:  # httplib2 connections are not thread-safe (heartbeat thread vs main)
-                        return request_factory().execute(num_retries=0)
-                except Exception as exc:
-                    raise self._explain(exc) from exc
+        try:
+            for attempt in retrying(is_transient_drive_error, self._attempts, self._max_wait, self._min_retry_s):
+                with attempt:
+                    if attempt.retry_state.attempt_number > 1:
+                        self.counters["retries"] += 1
+                    self.counters["api_calls"] += 1
+                    try:
+                        with self._api_lock:  # httplib2 connections are not thread-safe (heartbeat vs main)
+                            return request_factory().execute(num_retries=0)
+                    except Exception as exc:
+                        raise self._explain(exc) from exc
+        except (StorageError, FileNotFoundError, FileTooLargeError):
+            raise
+        except Exception as exc:  # retries exhausted on a transient error: an OSError callers handle
+            raise StorageError(f"Drive kept failing after {self._attempts} attempts: {exc}") from exc
         raise StorageError("unreachable")  # pragma: no cover
 
     def _explain(self, exc: Exception) -> Exception:
@@ -194,6 +204,12 @@ class DriveStorage:
             return FileNotFoundError(f"Drive answered 404 ({', '.join(reasons) or 'notFound'})")
         if status == 401:
             return DriveAuthError("Drive refused the credentials (401): refresh or recreate the token")
+        if status == 403 and "storageQuotaExceeded" in reasons:
+            return DriveError(
+                "Drive refused to store the file (403 storageQuotaExceeded): a service account has no Drive storage "
+                "of its own; put the folder in a shared drive with the service account as a member, or use "
+                "GDRIVE_TOKEN_FILE (a user's OAuth token)"
+            )
         if status == 403:
             return DriveError(
                 f"Drive refused access (403 {', '.join(reasons) or 'forbidden'}) to folder {self.root_folder_id}: "
@@ -251,7 +267,7 @@ class DriveStorage:
 
     def _create_folder(self, parent: str, name: str) -> _Entry:
         body = {"name": name, "mimeType": FOLDER_MIME, "parents": [parent]}
-        created = _entry(self._call(lambda: self.service.files().create(body=body, fields=_FILE_FIELDS)))
+        created = _entry(self._call(lambda: self.service.files().create(**_ALL_DRIVES, body=body, fields=_FILE_FIELDS)))
         # Another node may have created the same folder meanwhile: settle on the oldest one we can see.
         seen = self._find_folders(parent, name)
         return min(seen + [created], key=lambda e: (e.ctime, e.id))
@@ -262,7 +278,7 @@ class DriveStorage:
         while True:
             page = self._call(
                 lambda token=token: self.service.files().list(
-                    q=q, pageSize=1000, pageToken=token, fields=_LIST_FIELDS, spaces="drive"
+                    q=q, pageSize=1000, pageToken=token, fields=_LIST_FIELDS, spaces="drive", **_LIST_ALL_DRIVES
                 )
             )
             out += [_entry(raw) for raw in page.get("files", [])]
@@ -356,7 +372,7 @@ class DriveStorage:
                 time.sleep(min(1.0, 0.02 * 2**attempt) * random.uniform(0.5, 1.0))
             if size > max_bytes:
                 raise FileTooLargeError(path, size, max_bytes)
-            data = self._call(lambda: self.service.files().get_media(fileId=entry.id))
+            data = self._call(lambda: self.service.files().get_media(**_ALL_DRIVES, fileId=entry.id))
             data = data if isinstance(data, bytes) else bytes(data)
             self.counters["bytes_down"] += len(data)
             if len(data) > max_bytes:
@@ -365,11 +381,21 @@ class DriveStorage:
             if expected is None or digest == expected:
                 return data
             # The listing was older than the content, or the file changed between the calls: ask again.
-            meta = self._call(lambda: self.service.files().get(fileId=entry.id, fields="md5Checksum,size"))
+            meta = self._call(
+                lambda: self.service.files().get(**_ALL_DRIVES, fileId=entry.id, fields="md5Checksum,size")
+            )
             if meta.get("md5Checksum") == digest:
+                self._refresh_cached(entry, digest, len(data))
                 return data
             expected, size = meta.get("md5Checksum"), int(meta.get("size") or 0)
         raise StorageError(f"{path}: kept changing while it was read (md5 never matched); try again")
+
+    def _refresh_cached(self, entry: _Entry, md5: str, size: int) -> None:
+        """Remember a file's new checksum, so the next read of it costs one call, not two."""
+        with self._lock:
+            listed = self._listing.get(entry.parent, {})
+            if entry.name in listed and listed[entry.name].id == entry.id:
+                listed[entry.name] = dataclasses.replace(listed[entry.name], md5=md5, size=size)
 
     def write_bytes(self, path: str, data: bytes) -> None:
         from googleapiclient.http import MediaIoBaseUpload
@@ -394,10 +420,12 @@ class DriveStorage:
             folder_id = self._folder(parts[:-1], create=True)
             assert folder_id is not None
             body = {"name": name, "parents": [folder_id]}
-            raw = self._call(lambda: files.create(body=body, media_body=media(), fields=_FILE_FIELDS))
+            raw = self._call(lambda: files.create(**_ALL_DRIVES, body=body, media_body=media(), fields=_FILE_FIELDS))
         else:
             folder_id = existing.parent
-            raw = self._call(lambda: files.update(fileId=existing.id, media_body=media(), fields=_FILE_FIELDS))
+            raw = self._call(
+                lambda: files.update(**_ALL_DRIVES, fileId=existing.id, media_body=media(), fields=_FILE_FIELDS)
+            )
         self.counters["bytes_up"] += len(data)
         entry = dataclasses.replace(_entry(raw), parent=folder_id)
         with self._lock:
@@ -420,7 +448,7 @@ class DriveStorage:
 
     def _delete_id(self, file_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):  # already gone is what we wanted
-            self._call(lambda: self.service.files().delete(fileId=file_id))
+            self._call(lambda: self.service.files().delete(**_ALL_DRIVES, fileId=file_id))
 
     def append_bytes(self, path: str, data: bytes) -> None:
         with self._lock:
@@ -466,6 +494,7 @@ class DriveStorage:
         dst_parent = self._folder(dst_parts[:-1], create=True)
         self._call(
             lambda: self.service.files().update(
+                **_ALL_DRIVES,
                 fileId=entry.id,
                 addParents=dst_parent,
                 removeParents=entry.parent,
