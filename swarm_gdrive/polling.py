@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from swarm_gdrive.storage.base import StorageUnavailableError
+
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 class Stopped(Exception):
@@ -50,7 +54,11 @@ def wait_for(
     while True:
         if stop.is_set():
             raise Stopped()
-        value = check()
+        try:
+            value = check()
+        except StorageUnavailableError as exc:  # the store is down for now: the bounded wait goes on
+            logger.warning("storage unavailable while waiting (%s); will try again", exc)
+            value = None
         if value is not None:
             return value
         delay = backoff.next()

@@ -31,6 +31,10 @@ class StorageError(OSError):
     """A storage operation failed for good (after any retries)."""
 
 
+class StorageUnavailableError(StorageError):
+    """The store kept answering with transient errors past the retry budget; a later try may work."""
+
+
 class FileTooLargeError(StorageError):
     """A file is larger than the cap its reader allows; it was not read."""
 

@@ -62,7 +62,8 @@ def test_swarm_through_drive_with_lag_and_rate_limits_loses_nothing(tmp_path):
         finally:
             stop_storms.set()
             stop_all([n for n in nodes if n.returncode is None], timeout=5)
-        assert codes == {"coordinator": 0, "w1": 0, "w2": 0}, [n.lines[-15:] for n in nodes]
+        trouble = {n.name: [line for line in n.lines if "Error" in line or "error" in line][-8:] for n in nodes}
+        assert codes == {"coordinator": 0, "w1": 0, "w2": 0}, trouble
         rate_limited = sum(1 for n in nodes for line in n.lines if "Retrying" in line or "retry" in line.lower())
 
         emu.list_lag_s = 0.0

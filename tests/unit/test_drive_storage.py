@@ -155,3 +155,21 @@ def test_drive_urls_and_missing_credentials(monkeypatch):
         find_credentials(None, None)
     message = str(info.value)
     assert "GOOGLE_APPLICATION_CREDENTIALS" in message and "GDRIVE_TOKEN_FILE" in message and "Colab" in message
+
+
+def test_retries_exhausted_become_storage_unavailable_and_a_bounded_wait_rides_it_out(emu):
+    import threading
+
+    from swarm_gdrive.polling import Backoff, wait_for
+    from swarm_gdrive.storage.base import StorageUnavailableError
+
+    storage = DriveStorage(
+        emu.root_id, "swarm", service=emu.service(), retry_attempts=2, retry_max_wait=0.01, min_retry_s=0.0
+    )
+    storage.write_bytes("s.json", b"1")
+    emu.fail_next(2, 503, "backendError")
+    with pytest.raises(StorageUnavailableError):
+        storage.read_bytes("s.json")
+    emu.fail_next(2, 503, "backendError")
+    value = wait_for(lambda: storage.read_bytes("s.json"), threading.Event(), 5.0, Backoff(0.01, 0.05))
+    assert value == b"1"
