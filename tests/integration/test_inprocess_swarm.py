@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from pathlib import Path
@@ -9,8 +10,6 @@ from pathlib import Path
 import pytest
 
 from swarm_gdrive.config import from_env
-from swarm_gdrive.coordinator import Coordinator
-from swarm_gdrive.identity import claim_identity
 from swarm_gdrive.layout import Layout
 from swarm_gdrive.records import (
     EventRecord,
@@ -23,10 +22,11 @@ from swarm_gdrive.records import (
     encode,
 )
 from swarm_gdrive.storage import LocalStorage
-from swarm_gdrive.worker import Worker
-from swarm_gdrive.workload import SyntheticWorkload
 
 pytestmark = pytest.mark.integration
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from swarm_threads import Node  # noqa: E402
+
 LAYOUT = Layout("inproc")
 
 
@@ -47,28 +47,6 @@ def env_for(folder: Path, **extra: object) -> dict[str, str]:
         "COORDINATOR_ROUND_INTERVAL": "30",
     }
     return {**env, **{k: str(v) for k, v in extra.items()}}
-
-
-class Node(threading.Thread):
-    def __init__(self, env: dict[str, str]) -> None:
-        super().__init__(daemon=True)
-        self.config = from_env(env)
-        self.stop = threading.Event()
-        self.code: int | None = None
-
-    def run(self) -> None:
-        storage = LocalStorage(self.config.gdrive_path)
-        if self.config.is_coordinator:
-            self.code = Coordinator(self.config, storage, self.config.node_id, self.stop).run()
-            return
-        identity = claim_identity(self.config.local_dir, self.config.experiment_name, "worker", self.config.node_id)
-        workload = SyntheticWorkload(
-            self.config.num_train_samples, self.config.num_generations, self.config.synthetic_step_seconds, self.stop
-        )
-        try:
-            self.code = Worker(self.config, storage, identity, workload, self.stop).run()
-        finally:
-            identity.release()
 
 
 def run_swarm(folder: Path, workers: int, timeout: float = 60, **extra: object) -> list[Node]:

@@ -4,7 +4,7 @@ workers as threads, synthetic workload: 2 workers, 3 rounds, J=1) and on an empt
 from __future__ import annotations
 
 import dataclasses
-import threading
+import sys
 import time
 from pathlib import Path
 
@@ -17,14 +17,12 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 
 from swarm_gdrive import plots  # noqa: E402
-from swarm_gdrive.config import from_env  # noqa: E402
-from swarm_gdrive.coordinator import Coordinator  # noqa: E402
 from swarm_gdrive.dashboard import Dashboard, findings_html, list_experiments  # noqa: E402
-from swarm_gdrive.identity import claim_identity  # noqa: E402
 from swarm_gdrive.monitor import Finding, load  # noqa: E402
 from swarm_gdrive.storage import LocalStorage  # noqa: E402
-from swarm_gdrive.worker import Worker  # noqa: E402
-from swarm_gdrive.workload import SyntheticWorkload  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from swarm_threads import fast_env, run_threads  # noqa: E402
 
 EXPERIMENT = "dash"
 WORKERS = {"w1", "w2"}
@@ -32,54 +30,9 @@ WORKERS = {"w1", "w2"}
 PER_NODE = {"reward_per_round", "cumulative_reward", "swarm_reward_spread", "rollouts_exchanged", "reward_histogram"}
 
 
-class Node(threading.Thread):
-    def __init__(self, env: dict[str, str]) -> None:
-        super().__init__(daemon=True)
-        self.config = from_env(env)
-        self.stop = threading.Event()
-        self.code: int | None = None
-
-    def run(self) -> None:
-        storage = LocalStorage(self.config.gdrive_path)
-        if self.config.is_coordinator:
-            self.code = Coordinator(self.config, storage, self.config.node_id, self.stop).run()
-            return
-        identity = claim_identity(self.config.local_dir, self.config.experiment_name, "worker", self.config.node_id)
-        workload = SyntheticWorkload(
-            self.config.num_train_samples, self.config.num_generations, self.config.synthetic_step_seconds, self.stop
-        )
-        try:
-            self.code = Worker(self.config, storage, identity, workload, self.stop).run()
-        finally:
-            identity.release()
-
-
 def run_swarm(folder: Path, workers: int = 2, rounds: int = 3, transplants: int = 1) -> None:
-    env = {
-        "GDRIVE_PATH": str(folder),
-        "EXPERIMENT_NAME": EXPERIMENT,
-        "WORKLOAD": "synthetic",
-        "SWARM_LOCAL_DIR": str(folder.parent / f"{folder.name}-local"),
-        "HEARTBEAT_INTERVAL": "0.2",
-        "LIVENESS_TIMEOUT": "5",
-        "POLL_INTERVAL_MIN": "0.02",
-        "POLL_INTERVAL_MAX": "0.2",
-        "NUM_TRAIN_SAMPLES": "3",
-        "NUM_GENERATIONS": "4",
-        "SYNTHETIC_STEP_SECONDS": "0.01",
-        "ROLLOUT_WAIT_TIMEOUT": "10",
-        "COORDINATOR_ROUND_INTERVAL": "30",
-        "MIN_WORKERS": str(workers),
-        "MAX_ROUNDS": str(rounds),
-        "NUM_TRANSPLANT_TREES": str(transplants),
-    }
-    nodes = [Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})]
-    nodes += [Node({**env, "NODE_ROLE": "worker", "NODE_ID": f"w{i}"}) for i in range(1, workers + 1)]
-    for n in nodes:
-        n.start()
-    for n in nodes:
-        n.join(60)
-    assert [n.code for n in nodes] == [0] * len(nodes)
+    env = fast_env(folder, EXPERIMENT, MIN_WORKERS=workers, MAX_ROUNDS=rounds, NUM_TRANSPLANT_TREES=transplants)
+    run_threads(env, workers)
 
 
 @pytest.fixture(scope="module")

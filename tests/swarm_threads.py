@@ -1,0 +1,69 @@
+"""Test support: the real coordinator and workers as threads of the test process (synthetic workload)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from swarm_gdrive.config import from_env
+from swarm_gdrive.coordinator import Coordinator
+from swarm_gdrive.identity import claim_identity
+from swarm_gdrive.storage import LocalStorage
+from swarm_gdrive.worker import Worker
+from swarm_gdrive.workload import SyntheticWorkload
+
+
+class Node(threading.Thread):
+    """One node of the swarm, configured from an environment mapping, run in a thread."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        super().__init__(daemon=True)
+        self.config = from_env(env)
+        self.stop = threading.Event()
+        self.code: int | None = None
+
+    def run(self) -> None:
+        storage = LocalStorage(self.config.gdrive_path)
+        if self.config.is_coordinator:
+            self.code = Coordinator(self.config, storage, self.config.node_id, self.stop).run()
+            return
+        identity = claim_identity(self.config.local_dir, self.config.experiment_name, "worker", self.config.node_id)
+        workload = SyntheticWorkload(
+            self.config.num_train_samples, self.config.num_generations, self.config.synthetic_step_seconds, self.stop
+        )
+        try:
+            self.code = Worker(self.config, storage, identity, workload, self.stop).run()
+        finally:
+            identity.release()
+
+
+def fast_env(folder: Path, experiment: str, **extra: object) -> dict[str, str]:
+    """A synthetic swarm with short intervals, on ``folder``."""
+    env = {
+        "GDRIVE_PATH": str(folder),
+        "EXPERIMENT_NAME": experiment,
+        "WORKLOAD": "synthetic",
+        "SWARM_LOCAL_DIR": str(folder.parent / f"{folder.name}-local"),
+        "HEARTBEAT_INTERVAL": "0.2",
+        "LIVENESS_TIMEOUT": "5",
+        "POLL_INTERVAL_MIN": "0.02",
+        "POLL_INTERVAL_MAX": "0.2",
+        "NUM_TRAIN_SAMPLES": "3",
+        "NUM_GENERATIONS": "4",
+        "SYNTHETIC_STEP_SECONDS": "0.01",
+        "ROLLOUT_WAIT_TIMEOUT": "10",
+        "COORDINATOR_ROUND_INTERVAL": "30",
+    }
+    return {**env, **{k: str(v) for k, v in extra.items()}}
+
+
+def run_threads(env: dict[str, str], workers: int, timeout: float = 60) -> list[Node]:
+    """A coordinator ``coord`` and workers ``w1..wN`` to completion; asserts every one exited 0."""
+    nodes = [Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})]
+    nodes += [Node({**env, "NODE_ROLE": "worker", "NODE_ID": f"w{i}"}) for i in range(1, workers + 1)]
+    for n in nodes:
+        n.start()
+    for n in nodes:
+        n.join(timeout)
+    assert [n.code for n in nodes] == [0] * len(nodes)
+    return nodes
