@@ -25,40 +25,17 @@ from swarm_gdrive.storage import LocalStorage
 
 pytestmark = pytest.mark.integration
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from swarm_threads import Node  # noqa: E402
+from swarm_threads import Node, fast_env, run_threads  # noqa: E402
 
 LAYOUT = Layout("inproc")
 
 
 def env_for(folder: Path, **extra: object) -> dict[str, str]:
-    env = {
-        "GDRIVE_PATH": str(folder),
-        "EXPERIMENT_NAME": "inproc",
-        "WORKLOAD": "synthetic",
-        "SWARM_LOCAL_DIR": str(folder / ".local"),
-        "HEARTBEAT_INTERVAL": "0.2",
-        "LIVENESS_TIMEOUT": "5",
-        "POLL_INTERVAL_MIN": "0.02",
-        "POLL_INTERVAL_MAX": "0.2",
-        "NUM_TRAIN_SAMPLES": "3",
-        "NUM_GENERATIONS": "4",
-        "SYNTHETIC_STEP_SECONDS": "0.01",
-        "ROLLOUT_WAIT_TIMEOUT": "10",
-        "COORDINATOR_ROUND_INTERVAL": "30",
-    }
-    return {**env, **{k: str(v) for k, v in extra.items()}}
+    return fast_env(folder, "inproc", **extra)
 
 
 def run_swarm(folder: Path, workers: int, timeout: float = 60, **extra: object) -> list[Node]:
-    env = env_for(folder, MIN_WORKERS=workers, **extra)
-    nodes = [Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})]
-    nodes += [Node({**env, "NODE_ROLE": "worker", "NODE_ID": f"w{i}"}) for i in range(1, workers + 1)]
-    for n in nodes:
-        n.start()
-    for n in nodes:
-        n.join(timeout)
-    assert [n.code for n in nodes] == [0] * len(nodes)
-    return nodes
+    return run_threads(env_for(folder, MIN_WORKERS=workers, **extra), workers, timeout)
 
 
 @pytest.mark.parametrize("frequency", ["generation", "stage", "round"])
