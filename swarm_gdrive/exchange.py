@@ -65,6 +65,7 @@ class Exchange:
         self._newest_state: StateRecord | None = None
         self._cache: dict[str, tuple[tuple[int, float], object | None]] = {}
         self._rejected: dict[str, str] = {}
+        self._cleaned_below = 0  # rounds below this hold none of this node's rollouts any more
         self.stats = {"reads": 0, "writes": 0, "lists": 0, "deletes": 0, "bytes_read": 0, "bytes_written": 0}
 
     # -- generic ---------------------------------------------------------------------------
@@ -239,13 +240,16 @@ class Exchange:
 
     # -- housekeeping ----------------------------------------------------------------------
 
-    def own_rollout_rounds(self) -> list[tuple[int, int]]:
-        """(round, stage) pairs for which this node has a rollout file."""
+    def own_rollout_rounds(self, since: int = 0, before: int | None = None) -> list[tuple[int, int]]:
+        """(round, stage) pairs with rounds in ``[since, before)`` for which this node has a rollout file.
+
+        Only the round folders in that range are opened, so a sweep does not re-list every kept round.
+        """
         found: list[tuple[int, int]] = []
         own = f"{self.node_id}.json"
         for round_info in self._list(self.layout.rollouts_dir):
             round_ = parse_round_dir(round_info.name)
-            if round_ is None or not round_info.is_dir:
+            if round_ is None or not round_info.is_dir or round_ < since or (before is not None and round_ >= before):
                 continue
             for stage_info in self._list(self.layout.rollouts_round_dir(round_)):
                 stage = parse_stage_dir(stage_info.name)
@@ -263,9 +267,8 @@ class Exchange:
         """
         oldest_kept = current_round - keep_last + 1
         removed = 0
-        for round_, stage in self.own_rollout_rounds():
-            if round_ >= oldest_kept:
-                continue
+        # The first sweep of a process looks at every old round; later ones only at rounds new to the window.
+        for round_, stage in self.own_rollout_rounds(since=self._cleaned_below, before=oldest_kept):
             path = self.layout.rollout_file(round_, stage, self.node_id)
             if archive:
                 self.storage.move(path, self.layout.archived_rollout_file(round_, stage, self.node_id))
@@ -273,6 +276,7 @@ class Exchange:
                 self.storage.delete(path)
             self.stats["deletes"] += 1
             removed += 1
+        self._cleaned_below = max(self._cleaned_below, oldest_kept)
         return removed
 
     def remove_own_temporaries(self, own_paths: list[str]) -> int:
