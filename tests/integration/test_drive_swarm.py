@@ -46,12 +46,16 @@ def test_swarm_through_drive_with_lag_and_rate_limits_loses_nothing(tmp_path):
         }
         stop_storms = threading.Event()
 
-        def storms() -> None:  # a burst of 403 rateLimitExceeded / 429 every 0.7 s
+        def storms() -> None:
+            # Like Drive's quota: a burst of 403 rateLimitExceeded / 429 when the swarm is busy (20+ requests since
+            # the last burst), never a wall that starves the last node still polling.
             statuses = [(403, "rateLimitExceeded"), (429, "rateLimitExceeded"), (403, "userRateLimitExceeded")]
-            i = 0
+            i, seen = 0, 0
             while not stop_storms.wait(0.7):
-                emu.fail_next(3, *statuses[i % 3])
-                i += 1
+                if len(emu.requests) - seen >= 20:
+                    emu.fail_next(3, *statuses[i % 3])
+                    i += 1
+                seen = len(emu.requests)
 
         storm = threading.Thread(target=storms, daemon=True)
         nodes = [NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"})]
