@@ -487,6 +487,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self) -> None:
         body = self._read_body()
+        latency = self.server.emulator.call_latency_s
+        if latency:
+            time.sleep(latency)  # outside the emulator's lock: concurrent requests wait in parallel, as on Drive
         response = self.server.emulator._handle(self.command, self.path, self.headers, body)
         if response is None:  # drop_next: close without answering
             self.close_connection = True
@@ -512,6 +515,7 @@ class DriveEmulator:
         self._faults: deque[tuple[int, str] | None] = deque()  # None: drop the connection
         self._duplicate_creates = False
         self._list_lag_s = 0.0
+        self._call_latency_s = 0.0
         self._connections: set[socket.socket] = set()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -607,6 +611,17 @@ class DriveEmulator:
     def list_lag_s(self, value: float) -> None:
         with self._lock:
             self._list_lag_s = float(value)
+
+    @property
+    def call_latency_s(self) -> float:
+        """Seconds every request waits before it is answered (Drive's round trip is ~0.1-0.3 s)."""
+        with self._lock:
+            return self._call_latency_s
+
+    @call_latency_s.setter
+    def call_latency_s(self, value: float) -> None:
+        with self._lock:
+            self._call_latency_s = max(0.0, float(value))
 
     def fail_next(self, count: int, status: int, reason: str = "rateLimitExceeded") -> None:
         """The next ``count`` requests (of any kind) answer ``status`` with a Drive JSON error naming ``reason``."""

@@ -483,3 +483,20 @@ def test_files_snapshot_and_content(emu):
     assert emu.content(made) == b"abc"
     with pytest.raises(KeyError):
         emu.content("nope")
+
+
+def test_call_latency_delays_every_request_without_serialising_them():
+    with DriveEmulator() as emu:
+        emu.call_latency_s = 0.3
+        services = [emu.service() for _ in range(4)]
+        started = time.monotonic()
+        threads = [
+            threading.Thread(target=lambda s=s: s.files().list(q="trashed = false", fields="files(id)").execute())
+            for s in services
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.monotonic() - started
+    assert 0.3 <= elapsed < 1.0  # four at once wait together, not 4 x 0.3 s one after another
