@@ -21,6 +21,9 @@ class NodeLog:
     """Buffers metric and event lines of one node; :meth:`flush` appends them to the shared folder.
 
     A flush that fails keeps its lines for the next one, so nothing is lost to a storage hiccup.
+    The first append of each file by this process starts with a newline: a process killed mid-append
+    leaves a partial last line, and without it the next process's first line would be glued onto
+    that fragment and lost with it. Readers skip the blank line (:func:`~swarm_gdrive.records.decode_lines`).
     """
 
     def __init__(self, storage: Storage, layout: Layout, node_id: str, max_buffered: int = 500) -> None:
@@ -32,6 +35,7 @@ class NodeLog:
         self._events: list[bytes] = []
         self._lock = threading.Lock()
         self._max_buffered = max_buffered
+        self._started: set[str] = set()  # files this process has appended to
         self.round: int | None = None
 
     def metric(self, values: dict[str, float | int | None], round_: int | None = None) -> None:
@@ -73,10 +77,13 @@ class NodeLog:
                 lines, buffer[:] = list(buffer), []
             if not lines:
                 continue
+            separator = b"" if path in self._started else b"\n"  # ends a fragment a killed process left
             try:
-                self._storage.append_bytes(path, b"".join(lines))
+                self._storage.append_bytes(path, separator + b"".join(lines))
+                self._started.add(path)
             except OSError as exc:
                 logger.error("could not write %s (%s); keeping %d lines for the next flush", path, exc, len(lines))
+                self._started.discard(path)  # the failed append may have left a fragment too
                 with self._lock:
                     buffer[:0] = lines
                 ok = False
