@@ -159,7 +159,7 @@ def summary_table(folder: str, experiment: str) -> str:
 def _cmd_report(args: argparse.Namespace) -> int:
     from swarm_gdrive.config import ConfigError, from_env
     from swarm_gdrive.report import write_report
-    from swarm_gdrive.storage import open_storage
+    from swarm_gdrive.storage import storage_for
 
     env = {"GDRIVE_PATH": args.folder} if args.folder else {}
     if args.experiment:
@@ -169,7 +169,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
         return 2
-    files = write_report(open_storage(config.gdrive_path), config.experiment_name, Path(args.out))
+    files = write_report(storage_for(config), config.experiment_name, Path(args.out))
     for file in files:
         print(file)
     return 0
@@ -178,7 +178,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from swarm_gdrive.analysis import compare, format_table
     from swarm_gdrive.config import ConfigError, from_env
-    from swarm_gdrive.storage import open_storage
+    from swarm_gdrive.storage import storage_for
 
     env = {"GDRIVE_PATH": args.folder} if args.folder else {}
     try:
@@ -186,7 +186,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
         return 2
-    rows = compare(open_storage(config.gdrive_path), args.experiments, args.baseline, args.rounds)
+    rows = compare(storage_for(config), args.experiments, args.baseline, args.rounds)
     print(format_table(rows))
     return 0
 
@@ -248,4 +248,10 @@ def main(argv: list[str] | None = None) -> None:
         "status": status_main,
         "validate": validate_main,
     }
-    sys.exit(handlers[args.command](args))
+    from swarm_gdrive.storage import StorageError
+
+    try:
+        sys.exit(handlers[args.command](args))
+    except StorageError as exc:  # no credentials, or a backend refusing the location: one line, not a traceback
+        print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -177,8 +177,10 @@ _DRIVE_ID = re.compile(r"[A-Za-z0-9_-]{10,128}")
 
 def _parse_storage_url(var: str, raw: str, scheme: str, rest: str) -> str:
     folder, _, prefix = rest.partition("/")
-    if scheme == "gdrive" and not _DRIVE_ID.fullmatch(folder):
-        raise ConfigError(var, raw, "gdrive:// needs a Drive folder id (from the folder's URL): gdrive://<id>/path")
+    if scheme in ("gdrive", "pydrive2") and not _DRIVE_ID.fullmatch(folder):
+        raise ConfigError(
+            var, raw, f"{scheme}:// needs a Drive folder id (from the folder's URL): {scheme}://<id>/path"
+        )
     if not folder:
         raise ConfigError(var, raw, f"{scheme}:// needs a bucket or root, e.g. {scheme}://my-bucket/rl-swarm")
     for part in [p for p in prefix.split("/") if p]:
@@ -244,8 +246,15 @@ class Config:
     gdrive_api_url: str | None = _env(
         "GDRIVE_API_URL",
         None,
-        "gdrive:// only: another Drive v3 endpoint (a proxy, or the test emulator); unset: Google's.",
+        "gdrive:// and pydrive2:// only: another Drive v3 endpoint (a proxy, or the test emulator); unset: Google's.",
         _parse_optional_text,
+    )
+    pydrive2_settings: str = _env(
+        "PYDRIVE2_SETTINGS",
+        "settings.yaml",
+        "pydrive2:// only: PyDrive2's settings.yaml (a service account, or credentials saved by an earlier "
+        "sign-in); the Drive API is then used with those credentials.",
+        _parse_local_dir,
     )
     experiment_name: str = _env(
         "EXPERIMENT_NAME",

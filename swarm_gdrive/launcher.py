@@ -17,7 +17,7 @@ from swarm_gdrive.config import Config, ConfigError, from_env
 from swarm_gdrive.coordinator import Coordinator, ExperimentMismatchError
 from swarm_gdrive.identity import IdentityError, claim_identity
 from swarm_gdrive.models import ModelNotFoundError
-from swarm_gdrive.storage import Storage, StorageError, open_storage
+from swarm_gdrive.storage import Storage, StorageError, storage_for
 from swarm_gdrive.worker import Worker
 from swarm_gdrive.workload import SyntheticWorkload, Workload
 
@@ -70,9 +70,7 @@ def run_node(environ: Mapping[str, str] | None = None, stop: threading.Event | N
         install_signal_handlers(stop)
     logger.info("resolved configuration: %s", config.describe())
     try:
-        storage = open_storage(
-            config.gdrive_path, config.google_application_credentials, config.gdrive_token_file, config.gdrive_api_url
-        )
+        storage = storage_for(config)
     except StorageError as exc:  # no credentials, or a backend refusing the location
         print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
         identity.release()

@@ -461,7 +461,7 @@ def status_table(snapshot: Snapshot) -> str:
 
 def _config(args: argparse.Namespace):
     from swarm_gdrive.config import ConfigError, from_env
-    from swarm_gdrive.storage import open_storage
+    from swarm_gdrive.storage import storage_for
 
     env = {"GDRIVE_PATH": args.folder} if args.folder else {}
     if args.experiment:
@@ -471,7 +471,7 @@ def _config(args: argparse.Namespace):
     except ConfigError as exc:
         print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
         return None, None
-    return config, open_storage(config.gdrive_path)
+    return config, storage_for(config)
 
 
 def status_main(args: argparse.Namespace) -> int:

@@ -30,6 +30,11 @@ and folder, each optionally ``desc``; page tokens are offsets, so a listing that
 pages may skip or repeat entries; non-final resumable chunks need not be multiples of 256 KiB;
 metadata-only updates keep modifiedTime unless the request sets it; every change bumps
 ``version``.
+
+Credentials: every request's Authorization header is recorded (``authorizations``); ``POST /token``
+is an OAuth 2.0 token endpoint (``token_uri``) that grants a bearer token for a service account's
+signed JWT or a refresh token, without checking the signature; after ``require_tokens()`` API
+requests without a token it granted (or ``accept_token``) get Drive's 401.
 """
 
 from __future__ import annotations
@@ -115,6 +120,9 @@ MEDIA_ROUTES: dict[str, dict[str, str]] = {
 STANDARD_PARAMS = frozenset({"alt", "fields", "prettyPrint", "quotaUser", "key", "uploadType", "upload_protocol"})
 # The session token in the Location the emulator hands out for a resumable upload (not a method parameter).
 SESSION_PARAM = "upload_id"
+#: Not part of the Drive API: an OAuth 2.0 token endpoint (Google's is https://oauth2.googleapis.com/token).
+TOKEN_PATH = "/token"
+TOKEN_GRANTS = ("urn:ietf:params:oauth:grant-type:jwt-bearer", "refresh_token")
 
 _DEFAULT_FILE_FIELDS = "kind,id,name,mimeType"
 _DEFAULT_LIST_FIELDS = "kind,incompleteSearch,nextPageToken,files(kind,id,name,mimeType)"
@@ -516,6 +524,10 @@ class DriveEmulator:
         self._duplicate_creates = False
         self._list_lag_s = 0.0
         self._call_latency_s = 0.0
+        self._accepted_tokens: set[str] | None = None  # None: any caller; else only these bearer tokens
+        self._tokens_issued = 0
+        self.token_grants: list[str] = []  # grant_type of every POST /token
+        self.authorizations: list[str | None] = []  # the Authorization header of every API request
         self._connections: set[socket.socket] = set()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -622,6 +634,50 @@ class DriveEmulator:
     def call_latency_s(self, value: float) -> None:
         with self._lock:
             self._call_latency_s = max(0.0, float(value))
+
+    @property
+    def token_uri(self) -> str:
+        """An OAuth 2.0 token endpoint on this emulator, for a service-account key's or a token's ``token_uri``."""
+        if not self.root_url:
+            raise RuntimeError("start() the emulator first")
+        return self.root_url.rstrip("/") + TOKEN_PATH
+
+    def require_tokens(self) -> None:
+        """From now on an API request must carry ``Authorization: Bearer <t>`` with a token this emulator issued
+        at :attr:`token_uri`; others get Drive's 401 authError (which makes a client refresh its token)."""
+        with self._lock:
+            if self._accepted_tokens is None:
+                self._accepted_tokens = set()
+
+    def accept_token(self, token: str) -> None:
+        """Accept ``token`` as if this emulator had issued it (a token saved by an earlier sign-in)."""
+        with self._lock:
+            self.require_tokens()
+            assert self._accepted_tokens is not None
+            self._accepted_tokens.add(token)
+
+    def _check_bearer(self, authorization: str | None) -> None:
+        with self._lock:
+            accepted = self._accepted_tokens
+            if accepted is None:
+                return
+            token = (authorization or "").removeprefix("Bearer ").strip()
+            if token not in accepted:
+                raise ApiError(401, "authError", "Request had invalid authentication credentials.")
+
+    def _h_token(self, method: str, body: bytes) -> _Response:
+        """POST /token: grant a bearer token for a signed JWT (service account) or a refresh token."""
+        form = dict(parse_qsl(body.decode("utf-8", "replace")))
+        grant = form.get("grant_type", "")
+        if method != "POST" or grant not in TOKEN_GRANTS or not (form.get("assertion") or form.get("refresh_token")):
+            return _json_response(400, {"error": "invalid_grant", "error_description": f"bad grant {grant!r}"})
+        with self._lock:
+            self._tokens_issued += 1
+            token = f"emulated-token-{self._tokens_issued}"
+            self.token_grants.append(grant)
+            if self._accepted_tokens is not None:
+                self._accepted_tokens.add(token)
+        return _json_response(200, {"access_token": token, "expires_in": 3600, "token_type": "Bearer"})
 
     def fail_next(self, count: int, status: int, reason: str = "rateLimitExceeded") -> None:
         """The next ``count`` requests (of any kind) answer ``status`` with a Drive JSON error naming ``reason``."""
@@ -863,15 +919,19 @@ class DriveEmulator:
         return table
 
     def _handle(self, method: str, raw_path: str, headers: Any, body: bytes) -> _Response | None:
+        split = urlsplit(raw_path)
+        if split.path == TOKEN_PATH:
+            return self._h_token(method, body)
         with self._lock:
             self.requests.append((method, raw_path))
+            self.authorizations.append(headers.get("Authorization"))
             fault = self._faults.popleft() if self._faults else 0
         if fault is None:
             return None
         try:
             if fault:
                 raise _fault_error(*fault)
-            split = urlsplit(raw_path)
+            self._check_bearer(headers.get("Authorization"))
             query = dict(parse_qsl(split.query, keep_blank_values=True))
             request = _Request(method, split.path, query, headers, body)
             handler, path_params = self._route(request)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from swarm_gdrive.storage.base import (
     DEFAULT_MAX_READ_BYTES,
     FileInfo,
@@ -11,6 +13,9 @@ from swarm_gdrive.storage.base import (
 )
 from swarm_gdrive.storage.local import LocalStorage
 
+if TYPE_CHECKING:
+    from swarm_gdrive.config import Config
+
 __all__ = [
     "DEFAULT_MAX_READ_BYTES",
     "FileInfo",
@@ -19,23 +24,42 @@ __all__ = [
     "Storage",
     "StorageError",
     "open_storage",
+    "storage_for",
 ]
 
 
 def open_storage(
-    location: str, credentials_file: str | None = None, token_file: str | None = None, api_url: str | None = None
+    location: str,
+    credentials_file: str | None = None,
+    token_file: str | None = None,
+    api_url: str | None = None,
+    pydrive2_settings: str = "settings.yaml",
 ) -> Storage:
-    """The backend for GDRIVE_PATH: ``gdrive://<folder-id>/path`` (Drive API), any fsspec URL (``s3://``,
-    ``gs://``, ``memory://``), else a local or mounted folder. PyDrive2's filesystem is not wired yet."""
+    """The backend for GDRIVE_PATH: ``gdrive://<folder-id>/path`` (Drive API), ``pydrive2://<folder-id>/path``
+    (the Drive API on PyDrive2's credentials), any fsspec URL (``s3://``, ``gs://``, ``memory://``), else a
+    local or mounted folder."""
     if location.startswith("gdrive://"):
         from swarm_gdrive.storage.drive import DriveStorage, build_service, parse_drive_url
 
         folder_id, prefix = parse_drive_url(location)
         return DriveStorage(folder_id, prefix, service=build_service(credentials_file, token_file, api_url))
+    if location.startswith("pydrive2://"):
+        from swarm_gdrive.storage.pydrive2_auth import open_pydrive2_storage
+
+        return open_pydrive2_storage(pydrive2_settings, location, api_url=api_url)
     if "://" in location:
         from swarm_gdrive.storage.fsspec_storage import FsspecStorage
 
-        if location.startswith("pydrive2://"):
-            raise StorageError("GDRIVE_PATH=pydrive2://...: PyDrive2's filesystem is not supported yet; use gdrive://")
         return FsspecStorage(location)
     return LocalStorage(location)
+
+
+def storage_for(config: Config) -> Storage:
+    """The backend a node, or a reader such as ``swarm-gdrive status``, opens for ``config``."""
+    return open_storage(
+        config.gdrive_path,
+        config.google_application_credentials,
+        config.gdrive_token_file,
+        config.gdrive_api_url,
+        config.pydrive2_settings,
+    )

@@ -550,28 +550,53 @@ def parse_drive_url(url: str) -> tuple[str, str]:
 
 
 def build_service(
-    credentials_file: str | None = None, token_file: str | None = None, api_url: str | None = None
+    credentials_file: str | None = None, token_file: str | None = None, api_url: str | None = None, http: Any = None
 ) -> Any:
-    """A Drive v3 client with the first credentials found (see :func:`find_credentials`)."""
+    """A Drive v3 client with the first credentials found (see :func:`find_credentials`), or on ``http``,
+    an already authorized ``httplib2.Http`` (PyDrive2's)."""
     from googleapiclient.discovery import build, build_from_document
 
-    if api_url is not None and not (credentials_file or token_file):
+    auth: dict[str, Any]
+    if http is not None:
+        auth = {"http": http}
+    elif api_url is not None and not (credentials_file or token_file):
         # Another endpoint (a proxy, the test emulator) and no key: do not look for Google's default
         # credentials, which would probe the cloud metadata server.
         from google.auth.credentials import AnonymousCredentials
 
         logger.warning("GDRIVE_API_URL is set and no credentials are: talking to %s anonymously", api_url)
-        credentials: Any = AnonymousCredentials()
+        auth = {"credentials": AnonymousCredentials()}
     else:
-        credentials = find_credentials(credentials_file, token_file)
+        auth = {"credentials": find_credentials(credentials_file, token_file)}
     if api_url is None:
-        return build("drive", "v3", credentials=credentials, cache_discovery=False)
+        return build("drive", "v3", cache_discovery=False, **auth)
     import googleapiclient
 
     doc_path = PurePosixPath(googleapiclient.__file__).parent / "discovery_cache/documents/drive.v3.json"
     doc = json.loads(open(doc_path, encoding="utf-8").read())  # noqa: SIM115
     doc["rootUrl"] = api_url if api_url.endswith("/") else api_url + "/"
-    return build_from_document(doc, credentials=credentials)
+    return build_from_document(doc, **auth)
+
+
+def _key_file_credentials(path: str) -> Any:
+    """A service account's key or an authorized-user file, by its ``type``. Other kinds (external accounts
+    run a command to get a token) are refused rather than loaded generically."""
+    from google.oauth2 import credentials as user_credentials
+    from google.oauth2 import service_account
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            kind = json.load(fh).get("type")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise DriveAuthError(f"GOOGLE_APPLICATION_CREDENTIALS={path}: not a readable JSON key file ({exc})") from None
+    if kind == "service_account":
+        return service_account.Credentials.from_service_account_file(path, scopes=SCOPES)
+    if kind == "authorized_user":
+        return user_credentials.Credentials.from_authorized_user_file(path, scopes=SCOPES)
+    raise DriveAuthError(
+        f"GOOGLE_APPLICATION_CREDENTIALS={path}: a key file of type {kind!r}; use a service account's JSON key "
+        "(type service_account) or an authorized-user file (type authorized_user)"
+    )
 
 
 def find_credentials(credentials_file: str | None, token_file: str | None) -> Any:
@@ -580,8 +605,7 @@ def find_credentials(credentials_file: str | None, token_file: str | None) -> An
     from google.auth.exceptions import DefaultCredentialsError
 
     if credentials_file:
-        credentials, _ = google.auth.load_credentials_from_file(credentials_file, scopes=SCOPES)
-        return credentials
+        return _key_file_credentials(credentials_file)
     if token_file:
         from google.oauth2.credentials import Credentials
 

@@ -8,31 +8,33 @@ to know what kind of store it is, ``backend``. Backends:
 - ``memory``: FsspecStorage on a unique ``memory://`` root per test.
 - ``s3``: FsspecStorage against moto's server (started once per session, loopback only),
   a fresh bucket per test.
-- ``drive``: DriveStorage against tests/drive_emulator.py; skipped while either is not written yet.
+- ``drive``: DriveStorage against tests/drive_emulator.py.
+- ``pydrive2``: the same, opened from PyDrive2's settings and saved credentials (``pydrive2://``); the
+  emulator refuses any request without that token.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
 import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from swarm_gdrive.storage.base import Storage
+from swarm_gdrive.storage.drive import DriveStorage
 from swarm_gdrive.storage.fsspec_storage import FsspecStorage
 from swarm_gdrive.storage.local import LocalStorage
+from swarm_gdrive.storage.pydrive2_auth import open_pydrive2_storage
 
-TESTS_DIR = Path(__file__).resolve().parents[1]
-DRIVE_MODULE = "swarm_gdrive.storage.drive"
-DRIVE_EMULATOR = TESTS_DIR / "drive_emulator.py"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from drive_emulator import DriveEmulator  # noqa: E402
+from google_credentials import SAVED_TOKEN, oauth_settings  # noqa: E402
+
 RETRY_WAIT = 0.01
 
 
@@ -49,35 +51,6 @@ class Backend:
     real_dirs: bool
     #: Listings carry a modification time (> 0) for files.
     knows_mtime: bool = True
-
-
-def _load_module(name: str, path: Path) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # before exec: dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
-def drive_parts() -> tuple[type, type] | str:
-    """(DriveStorage, DriveEmulator), or why the drive backend is skipped: only while one is not written yet.
-
-    Once both files exist, any error importing them fails the tests instead of skipping them.
-    """
-    if importlib.util.find_spec(DRIVE_MODULE) is None:
-        return f"{DRIVE_MODULE} does not exist yet"
-    if not DRIVE_EMULATOR.exists():
-        return f"{DRIVE_EMULATOR.relative_to(TESTS_DIR.parent)} does not exist yet"
-    drive_storage = importlib.import_module(DRIVE_MODULE).DriveStorage
-    emulator = _load_module("drive_emulator", DRIVE_EMULATOR).DriveEmulator
-    return drive_storage, emulator
 
 
 # -- s3 (moto) -------------------------------------------------------------------------------
@@ -139,23 +112,42 @@ def _memory_backend(request: pytest.FixtureRequest) -> Backend:
     return Backend("memory", storage, lambda: FsspecStorage(url, retry_max_wait=RETRY_WAIT), real_dirs=False)
 
 
+def _emulator(request: pytest.FixtureRequest) -> DriveEmulator:
+    emu = DriveEmulator().start()
+    request.addfinalizer(emu.stop)
+    return emu
+
+
 def _drive_backend(request: pytest.FixtureRequest) -> Backend:
-    parts = drive_parts()
-    if isinstance(parts, str):
-        pytest.skip(f"drive backend not available yet: {parts}")
-    drive_storage, drive_emulator = parts
-    emu = drive_emulator().start()
-    stop = getattr(emu, "stop", None)
-    if stop is not None:
-        request.addfinalizer(stop)
+    emu = _emulator(request)
 
     def make() -> Storage:
-        return drive_storage(root_folder_id=emu.root_id, service=emu.service(), retry_max_wait=0.05)
+        return DriveStorage(root_folder_id=emu.root_id, service=emu.service(), retry_max_wait=0.05)
 
     return Backend("drive", make(), make, real_dirs=True)
 
 
-BACKENDS = ["local", "file", "memory", "s3", pytest.param("drive", marks=pytest.mark.drive)]
+def _pydrive2_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """DriveStorage signed in through PyDrive2's saved credentials; the emulator accepts only that token."""
+    pytest.importorskip("pydrive2.auth", reason="PyDrive2 is installed by the README's test command")
+    emu = _emulator(request)
+    emu.accept_token(SAVED_TOKEN)
+    settings = str(oauth_settings(tmp_path, emu.token_uri))
+
+    def make() -> Storage:
+        return open_pydrive2_storage(settings, emu.root_id, api_url=emu.root_url, retry_max_wait=0.05)
+
+    return Backend("pydrive2", make(), make, real_dirs=True)
+
+
+BACKENDS = [
+    "local",
+    "file",
+    "memory",
+    "s3",
+    pytest.param("drive", marks=pytest.mark.drive),
+    pytest.param("pydrive2", marks=pytest.mark.drive),
+]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -180,6 +172,8 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.
         return _memory_backend(request)
     if name == "s3":
         return _s3_backend(request, monkeypatch)
+    if name == "pydrive2":
+        return _pydrive2_backend(request, tmp_path)
     return _drive_backend(request)
 
 

@@ -14,36 +14,42 @@ from swarm_gdrive.layout import Layout
 from swarm_gdrive.procs import NodeProcess, stop_all
 from swarm_gdrive.records import MetricRecord, RewardRecord, RolloutBatch, StateRecord, decode, decode_lines
 from swarm_gdrive.storage.drive import DriveStorage
+from swarm_gdrive.storage.pydrive2_auth import open_pydrive2_storage
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from drive_emulator import FOLDER_MIME, DriveEmulator  # noqa: E402
+from google_credentials import oauth_settings  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.drive, pytest.mark.slow]
 ROUNDS, WORKERS = 3, ("w1", "w2")
 LAYOUT = Layout("drive-itest")
 
 
+def swarm_env(emu: DriveEmulator, tmp_path, rounds: int = ROUNDS, workers: int = len(WORKERS)) -> dict[str, str]:
+    return {
+        "GDRIVE_PATH": f"gdrive://{emu.root_id}/swarm",
+        "GDRIVE_API_URL": emu.root_url,
+        "EXPERIMENT_NAME": "drive-itest",
+        "SWARM_LOCAL_DIR": str(tmp_path / "local"),
+        "WORKLOAD": "synthetic",
+        "MAX_ROUNDS": str(rounds),
+        "MIN_WORKERS": str(workers),
+        "NUM_TRANSPLANT_TREES": "1",
+        "NUM_TRAIN_SAMPLES": "3",
+        "NUM_GENERATIONS": "4",
+        "HEARTBEAT_INTERVAL": "1",
+        "LIVENESS_TIMEOUT": "60",
+        "POLL_INTERVAL_MIN": "0.1",
+        "POLL_INTERVAL_MAX": "0.5",
+        "COORDINATOR_ROUND_INTERVAL": "120",
+        "ROLLOUT_WAIT_TIMEOUT": "60",
+    }
+
+
 def test_swarm_through_drive_with_lag_and_rate_limits_loses_nothing(tmp_path):
     with DriveEmulator() as emu:
         emu.list_lag_s = 1.0
-        env = {
-            "GDRIVE_PATH": f"gdrive://{emu.root_id}/swarm",
-            "GDRIVE_API_URL": emu.root_url,
-            "EXPERIMENT_NAME": "drive-itest",
-            "SWARM_LOCAL_DIR": str(tmp_path / "local"),
-            "WORKLOAD": "synthetic",
-            "MAX_ROUNDS": str(ROUNDS),
-            "MIN_WORKERS": "2",
-            "NUM_TRANSPLANT_TREES": "1",
-            "NUM_TRAIN_SAMPLES": "3",
-            "NUM_GENERATIONS": "4",
-            "HEARTBEAT_INTERVAL": "1",
-            "LIVENESS_TIMEOUT": "60",
-            "POLL_INTERVAL_MIN": "0.1",
-            "POLL_INTERVAL_MAX": "0.5",
-            "COORDINATOR_ROUND_INTERVAL": "120",
-            "ROLLOUT_WAIT_TIMEOUT": "60",
-        }
+        env = swarm_env(emu, tmp_path)
         stop_storms = threading.Event()
 
         def storms() -> None:
@@ -90,3 +96,32 @@ def test_swarm_through_drive_with_lag_and_rate_limits_loses_nothing(tmp_path):
         duplicates = [k for k, n in Counter((tuple(f["parents"]), f["name"]) for f in files).items() if n > 1]
         assert not duplicates, duplicates
         assert rate_limited > 0, "the storms should have forced retries"
+
+
+def test_nodes_sign_in_through_pydrive2_settings(tmp_path):
+    """GDRIVE_PATH=pydrive2://... and PYDRIVE2_SETTINGS in real node processes: every request carries the
+    token PyDrive2 refreshed from its saved credentials, and the swarm finishes."""
+    pytest.importorskip("pydrive2.auth", reason="PyDrive2 is installed by the README's test command")
+    with DriveEmulator() as emu:
+        emu.require_tokens()
+        settings = oauth_settings(tmp_path, emu.token_uri, expired=True)  # each node refreshes it once
+        env = {
+            **swarm_env(emu, tmp_path, rounds=2, workers=1),
+            "GDRIVE_PATH": f"pydrive2://{emu.root_id}/swarm",
+            "PYDRIVE2_SETTINGS": str(settings),
+        }
+        nodes = [
+            NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"}),
+            NodeProcess("w1", {**env, "NODE_ID": "w1"}),
+        ]
+        try:
+            codes = {n.name: n.wait(timeout=120) for n in nodes}
+        finally:
+            stop_all([n for n in nodes if n.returncode is None], timeout=5)
+        assert codes == {"coordinator": 0, "w1": 0}, {n.name: n.lines[-8:] for n in nodes}
+        assert emu.token_grants and set(emu.token_grants) == {"refresh_token"}
+        bearers = emu.authorizations
+        assert bearers and all(a is not None and a.startswith("Bearer emulated-token-") for a in bearers)
+        storage = open_pydrive2_storage(str(settings), f"{emu.root_id}/swarm", api_url=emu.root_url)
+        assert decode(storage.read_bytes(LAYOUT.state_file), StateRecord).status == "finished"
+        assert decode(storage.read_bytes(LAYOUT.reward_file(1, 0, "w1")), RewardRecord).round == 1

@@ -92,6 +92,7 @@ VALID: dict[str, tuple[str, str, object, dict[str, str]]] = {
     "GOOGLE_APPLICATION_CREDENTIALS": (" /keys/sa.json ", "google_application_credentials", "/keys/sa.json", {}),
     "GDRIVE_TOKEN_FILE": ("/keys/token.json", "gdrive_token_file", "/keys/token.json", {}),
     "GDRIVE_API_URL": ("http://127.0.0.1:8080/", "gdrive_api_url", "http://127.0.0.1:8080/", {}),
+    "PYDRIVE2_SETTINGS": ("/keys/settings.yaml", "pydrive2_settings", "/keys/settings.yaml", {}),
     "CURRICULUM_THRESHOLD": ("0.8", "curriculum_threshold", 0.8, {"TASK_DIFFICULTY": "easy"}),
     "EVAL_INTERVAL": ("0", "eval_interval", 0, {}),
     "EVAL_SAMPLES": ("8", "eval_samples", 8, {}),
@@ -163,6 +164,7 @@ def test_defaults(base: dict[str, str], tmp_path: Path, monkeypatch: pytest.Monk
         "google_application_credentials": None,
         "gdrive_token_file": None,
         "gdrive_api_url": None,
+        "pydrive2_settings": "settings.yaml",
         "experiment_name": "swarm-experiment",
         "node_role": "worker",
         "node_id": None,
@@ -569,6 +571,7 @@ def test_curriculum_needs_the_easy_preset_and_evaluation(base: dict[str, str]) -
     [
         ("gdrive://1AbCdEfGhIjKlMnOp/rl-swarm", "gdrive://1AbCdEfGhIjKlMnOp/rl-swarm"),
         ("gdrive://1AbCdEfGhIjKlMnOp", "gdrive://1AbCdEfGhIjKlMnOp"),
+        ("pydrive2://1AbCdEfGhIjKlMnOp/rl-swarm/", "pydrive2://1AbCdEfGhIjKlMnOp/rl-swarm"),
         ("s3://my-bucket/swarm/", "s3://my-bucket/swarm"),
         ("memory://root", "memory://root"),
     ],
@@ -580,7 +583,12 @@ def test_gdrive_path_takes_drive_and_fsspec_urls(tmp_path: Path, raw: str, expec
 
 @pytest.mark.parametrize(
     ("raw", "needle"),
-    [("gdrive://short/x", "folder id"), ("gdrive://1AbCdEfGhIjKlMnOp/../x", "not a safe name"), ("s3:///x", "bucket")],
+    [
+        ("gdrive://short/x", "folder id"),
+        ("pydrive2://short/x", "pydrive2://<id>/path"),
+        ("gdrive://1AbCdEfGhIjKlMnOp/../x", "not a safe name"),
+        ("s3:///x", "bucket"),
+    ],
 )
 def test_bad_storage_urls_name_the_problem(tmp_path: Path, raw: str, needle: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -157,6 +157,21 @@ def test_drive_urls_and_missing_credentials(monkeypatch):
     assert "GOOGLE_APPLICATION_CREDENTIALS" in message and "GDRIVE_TOKEN_FILE" in message and "Colab" in message
 
 
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ('{"type": "external_account", "credential_source": {"executable": {"command": "/bin/true"}}}', "type"),
+        ("not json", "not a readable JSON key file"),
+    ],
+)
+def test_key_files_other_than_a_service_account_or_user_token_are_refused(tmp_path, content, needle):
+    key = tmp_path / "key.json"
+    key.write_text(content)
+    with pytest.raises(DriveAuthError) as info:
+        find_credentials(str(key), None)
+    assert needle in str(info.value) and "GOOGLE_APPLICATION_CREDENTIALS" in str(info.value)
+
+
 def test_retries_exhausted_become_storage_unavailable_and_a_bounded_wait_rides_it_out(emu):
     import threading
 
