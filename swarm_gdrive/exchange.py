@@ -27,6 +27,7 @@ from swarm_gdrive.records import (
     encode,
 )
 from swarm_gdrive.storage import FileInfo, FileTooLargeError, Storage
+from swarm_gdrive.storage.base import NotRegularFileError
 from swarm_gdrive.storage.local import is_temp_of
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,9 @@ class Exchange:
             return None
         except FileTooLargeError as exc:
             self._reject(path, f"{exc.size} bytes exceeds the {exc.cap}-byte cap for a {kind} file")
+            return None
+        except NotRegularFileError as exc:
+            self._reject(path, f"{exc.what}, not a regular file")
             return None
         self.stats["reads"] += 1
         self.stats["bytes_read"] += len(data)

@@ -43,6 +43,14 @@ class FileTooLargeError(StorageError):
         super().__init__(f"{path}: {size} bytes exceeds the {cap}-byte cap for this file")
 
 
+class NotRegularFileError(StorageError):
+    """A name in the folder that is not a regular file (a FIFO, a device, a link to a folder); it was not read."""
+
+    def __init__(self, path: str, what: str) -> None:
+        self.path, self.what = path, what
+        super().__init__(f"{path}: {what}, not a regular file")
+
+
 @dataclass(frozen=True)
 class FileInfo:
     """One entry of a listing."""

@@ -11,6 +11,7 @@ import errno
 import logging
 import os
 import shutil
+import stat
 import uuid
 from pathlib import Path, PurePosixPath
 
@@ -19,6 +20,7 @@ from swarm_gdrive.storage.base import (
     DEFAULT_MAX_READ_BYTES,
     FileInfo,
     FileTooLargeError,
+    NotRegularFileError,
     StorageError,
     retrying,
 )
@@ -80,10 +82,19 @@ class LocalStorage:
 
     @staticmethod
     def _read(target: Path, max_bytes: int, rel: str) -> bytes:
-        with open(target, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size > max_bytes:
-                raise FileTooLargeError(rel, size, max_bytes)
+        # Opened non-blocking, so that a FIFO planted under a protocol name cannot hang the reader, and
+        # read only if it is a regular file (a link to a folder, a FIFO or a device is refused, not retried).
+        try:
+            fh = open(target, "rb", opener=_open_nonblocking)  # noqa: SIM115 - closed below
+        except IsADirectoryError:
+            raise NotRegularFileError(rel, "a folder") from None
+        with fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise NotRegularFileError(rel, "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device")
+            if st.st_size > max_bytes:
+                raise FileTooLargeError(rel, st.st_size, max_bytes)
+            os.set_blocking(fh.fileno(), True)
             data = fh.read(max_bytes + 1)
         if len(data) > max_bytes:  # grew while we read
             raise FileTooLargeError(rel, len(data), max_bytes)
@@ -175,6 +186,10 @@ class LocalStorage:
     def _move(src: Path, dst: Path) -> None:
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(os.fspath(src), os.fspath(dst))
+
+
+def _open_nonblocking(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NONBLOCK)
 
 
 def _fsync_dir(folder: Path) -> None:

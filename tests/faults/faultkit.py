@@ -149,7 +149,10 @@ class Watcher(threading.Thread):
 
     def run(self) -> None:
         while not self.halt.wait(self.interval):
-            self.sweep(LAYOUT.root)
+            try:
+                self.sweep(LAYOUT.root)
+            except Exception as exc:  # noqa: BLE001 - anything a reader could not cope with fails the trial
+                self.torn.append(f"the reader failed: {type(exc).__name__}: {exc}")
 
     def sweep(self, rel: str) -> None:
         for info in self.storage.list(rel):

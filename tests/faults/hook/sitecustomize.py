@@ -204,6 +204,7 @@ def _install_spy(folder: str, grpo: bool) -> None:
                 "source": g.source,
                 "group_id": g.group.group_id,
                 "question": g.group.question,
+                "provenance": g.group.provenance.model_dump(),
                 "completions": list(g.group.completions),
                 "claimed_rewards": list(g.group.rewards),
                 "rewards": list(g.rewards),

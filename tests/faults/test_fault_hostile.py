@@ -1,0 +1,145 @@
+"""Hostile or broken files from a peer, planted in the shared folder of a running swarm of real processes:
+truncated JSON, invalid UTF-8, 1 GiB files, wrong schemas, a group of 10,000 completions, 10,000 completions
+in 200 groups, forged questions, provenance and rewards, a node id that is a path, files posing as the
+coordinator's state or as a second coordinator, an unregistered node's rewards, a link to a folder, a FIFO,
+and the state file itself overwritten with garbage."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from faultkit import (
+    LAYOUT,
+    Swarm,
+    Watcher,
+    assert_every_round_submitted,
+    assert_swarm_finished,
+    events,
+    faults,
+    leftovers,
+    metrics,
+    read_record,
+    rejections,
+    swarm_env,
+    wait_until,
+)
+from hostile import FORGED_PROVENANCE, FORGED_QUESTION, FORGED_REWARDS, plant_for_coordinator, plant_rollouts
+
+from swarm_gdrive.records import ExperimentRecord
+from swarm_gdrive.workload import SyntheticWorkload
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+WORKERS = ["w1", "w2", "w3"]
+ROUNDS = 3
+SEED = 42
+
+
+def every_file(folder: Path) -> set[str]:
+    """Every name under the experiment that is not a real folder (files, FIFOs, links to folders)."""
+    out = set()
+    for d, dirs, files in os.walk(folder / LAYOUT.root):
+        out.update(str((Path(d) / f).relative_to(folder)) for f in files + [x for x in dirs if Path(d, x).is_symlink()])
+    return out
+
+
+def test_hostile_files_are_rejected_with_their_reasons_and_nothing_forged_is_trained_on(tmp_path):
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    spy = tmp_path / "spy"
+    env = swarm_env(folder, MAX_ROUNDS=ROUNDS, MIN_WORKERS=3, NUM_TRANSPLANT_TREES=2, SEED=SEED)
+    swarm = Swarm(folder, env, WORKERS, {w: faults(spy=str(spy / w)) for w in WORKERS})
+    planted: set[str] = set()
+    watcher = Watcher(folder, planted)
+    try:
+        swarm.start("coord")
+        experiment = folder / LAYOUT.experiment_file
+        wait_until(experiment.exists, 60, "experiment.json", swarm.procs)
+        run_id = read_record(folder, LAYOUT.experiment_file, ExperimentRecord).run_id
+        for_workers = {}
+        for round_ in range(ROUNDS):
+            for_workers.update(plant_rollouts(folder, LAYOUT, run_id, round_, SEED))
+        for_coordinator = plant_for_coordinator(folder, LAYOUT, run_id, ROUNDS)
+        own = {LAYOUT.experiment_file, LAYOUT.state_file, LAYOUT.peer_file("coord")}
+        planted.update(every_file(folder) - own)
+        watcher.start()
+
+        # Two workers join; while the swarm waits for the third, the state file is overwritten with garbage.
+        w1, w2 = swarm.start("w1"), swarm.start("w2")
+        wait_until(lambda: all((folder / LAYOUT.peer_file(w)).exists() for w in ("w1", "w2")), 60, "joins", swarm.procs)
+        planted.add(LAYOUT.state_file)
+        garbage = folder / "garbage.tmp"
+        garbage.write_bytes(b'{"kind": "state", "round": 7, "status": "fin')
+        os.replace(garbage, folder / LAYOUT.state_file)
+        said = f"rejected {LAYOUT.state_file}: not JSON"
+        wait_until(lambda: all(any(said in x for x in p.lines) for p in (w1, w2)), 60, "state rejected", swarm.procs)
+        swarm.start("w3")  # the coordinator opens round 0: its state replaces the garbage
+        wait_until(lambda: b'"status":"running"' in (folder / LAYOUT.state_file).read_bytes(), 60, "round 0", [])
+        planted.discard(LAYOUT.state_file)
+        codes = swarm.wait(timeout=180)
+    finally:
+        swarm.stop()
+        watcher.stop()
+
+    # The swarm went on as if nothing had been planted.
+    assert codes == {"coord": 0, "w1": 0, "w2": 0, "w3": 0}, swarm.tails()
+    watcher.assert_clean()
+    assert_swarm_finished(folder, ROUNDS)
+    assert not leftovers(folder), leftovers(folder)
+    for w in WORKERS:
+        assert_every_round_submitted(folder, w, range(ROUNDS))
+
+    # Every hostile file was rejected by every reader, with its reason, once.
+    for node, expected in [*((w, for_workers) for w in WORKERS), ("coord", for_coordinator)]:
+        got = rejections(folder, node)
+        for path, reason in expected.items():
+            assert reason in got.get(path, ""), (node, path, got.get(path))
+        counts = Counter(e.data["path"] for e in events(folder, node) if e.event == "file_rejected")
+        assert max(counts.values()) == 1, (node, counts.most_common(3))
+    for w in WORKERS:
+        assert "not JSON" in rejections(folder, w)[LAYOUT.state_file]
+    assert not rejections(folder, "coord").keys() & {LAYOUT.peer_file("fakecoord")}  # valid, just not a worker
+
+    # Neither the second "coordinator" nor the unregistered "ghost" with its rewards ever counted.
+    advanced = [e for e in events(folder, "coord") if e.event in ("round_advanced", "experiment_finished")]
+    assert [(e.data["reason"], e.data["live"], e.data["submitted"]) for e in advanced] == [
+        ("all_submitted", 3, 3)
+    ] * ROUNDS
+
+    _assert_only_verified_groups_trained(spy)
+    for w in WORKERS:
+        stages = [m.values for m in metrics(folder, w) if "swarm/external_offered" in m.values]
+        assert len(stages) == ROUNDS
+        # Groups from the forger and from the 10,000-completion flood were re-scored locally; the flood's
+        # 200 zero-variance groups were all dropped by the variance filter, the forged ones by provenance.
+        assert all(v["swarm/external_zero_variance"] >= 200 for v in stages), stages
+        assert all(v["swarm/external_dropped_invalid"] == 2 for v in stages), stages
+        dropped = {(e.round, e.data["group_id"]) for e in events(folder, w) if e.event == "group_rejected"}
+        assert dropped == {(r, g) for r in range(ROUNDS) for g in (FORGED_QUESTION, FORGED_PROVENANCE)}
+
+
+def _assert_only_verified_groups_trained(spy: Path) -> None:
+    """What went into every update: no forged question, no claimed reward, and nothing was unpickled."""
+    forged_rewards_trained = 0
+    for w in WORKERS:
+        assert not (spy / w / "unpickle.jsonl").exists(), (spy / w / "unpickle.jsonl").read_text()
+        batches = [json.loads(line) for line in (spy / w / "train.jsonl").read_text().splitlines()]
+        assert [b["round"] for b in batches] == list(range(ROUNDS))
+        for batch in batches:
+            assert {g["source"] for g in batch["local"]} == {w}
+            assert len(batch["external"]) == 2
+            for g in batch["external"]:
+                prov = g["provenance"]
+                question, answer = SyntheticWorkload.question(prov["seed"], prov["index"])
+                assert g["question"] == question, g
+                assert g["rewards"] == [SyntheticWorkload.score(c, answer) for c in g["completions"]], g
+                assert g["group_id"] not in (FORGED_QUESTION, FORGED_PROVENANCE) and g["source"] != "many", g
+                if g["group_id"] == FORGED_REWARDS:
+                    assert g["rewards"] == [0.0, 1.0, 0.0, 0.0] and g["claimed_rewards"] != g["rewards"]
+                    forged_rewards_trained += 1
+    # The forger's true completions with inverted claims were chosen at least once: trained with local scores.
+    assert forged_rewards_trained >= 1
