@@ -143,14 +143,31 @@ def _rounds(storage: Storage, layout: Layout, node_id: str) -> list[int]:
 
 
 def _prune(storage: Storage, layout: Layout, node_id: str, keep_last: int, keep: int) -> None:
-    for round_ in _rounds(storage, layout, node_id)[:-keep_last]:
-        if round_ == keep:  # the checkpoint just written survives even if newer rounds exist
+    """Keep the checkpoint just written (``keep``) and the newest ``keep_last - 1`` whole ones before it.
+
+    Only folders older than ``keep`` are removed, and only whole checkpoints (a manifest that passes
+    its checks) count towards ``keep_last``: a save interrupted by a kill, or a folder someone else
+    planted, would otherwise take the place of a good checkpoint that a later restart needs.
+    """
+    older = [r for r in _rounds(storage, layout, node_id) if r < keep]
+    whole = [r for r in older if _is_whole(storage, layout, node_id, r)]
+    kept = set(whole[-(keep_last - 1) :]) if keep_last > 1 else set()
+    for round_ in older:
+        if round_ in kept:
             continue
         folder = layout.checkpoint_dir(node_id, round_)
         names = [i.name for i in storage.list(folder, include_hidden=True)]
         for name in sorted(names, key=lambda n: n == MANIFEST, reverse=True):  # manifest first: never half-valid
             storage.delete(f"{folder}/{name}")
         storage.remove_empty_dir(folder)
+
+
+def _is_whole(storage: Storage, layout: Layout, node_id: str, round_: int) -> bool:
+    try:
+        _read_manifest(storage, layout.checkpoint_dir(node_id, round_), node_id, round_)
+    except (CheckpointError, OSError):
+        return False
+    return True
 
 
 def _read_manifest(storage: Storage, folder: str, node_id: str, round_: int) -> dict[str, Any]:
