@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# One device check (run through the device tool, from the repo root, with .whl and .gpu carried):
-# the trainer's speed on the GPU, 3 trainer processes sharing it, and a 3-worker swarm on one GPU.
-# Wheels for what the GPU image lacks travel in .whl; .gpu holds SmolLM2's config and tokenizer
-# (the weights are too big to carry: the model is built from its config with random weights,
-# which gives the architecture's speed and memory, not its rewards).
+# One device check (run through the device tool, from the repo root, with .whl and .gpu carried), through the
+# benchmark entry point: part 2 (generation) and part 3 (training round, ours against TRL) on the GPU, three
+# generation processes sharing it, and a coordinator + 3 workers on one GPU. Results land in $OUT as
+# generation_<gpu>.json/.md, training_<gpu>.json/.md, generation_shared-<i>.json and gpu_demo*.txt|log.
+# Wheels for what the GPU image lacks travel in .whl (the training part needs trl, accelerate and datasets:
+# `pip download --no-deps trl==1.16.0 -d .whl` and the same for any the image lacks); .gpu holds SmolLM2's config
+# and tokenizer (the weights are too big to carry: the model is built from its config with random weights, which
+# gives the architecture's speed and memory, not its rewards).
 set -u
 OUT=${OUT:-/tmp/out}
+MODEL=".gpu/smollm2 --random-init --device cuda:0"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 # pycosat (a C extension reasoning-gym imports; none of our tasks uses it) has no cp312 wheel:
 # build it here, and if that fails give the import an inert module (device check only).
@@ -14,16 +18,27 @@ python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site .gpu
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 python3 -c "import torch, transformers, reasoning_gym; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))" || exit 1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-echo "== trainer speed, one process"
-timeout 100 python3 bench/trainer_speed.py --model .gpu/smollm2 --random-init --device cuda --prompts 8 \
-  --generations 8 --new-tokens 128 --out "$OUT/gpu_trainer_speed.json" | tail -20
-echo "== 3 trainer processes sharing cuda:0"
+echo "== part 2: generation, batched against one generate call per completion"
+# shellcheck disable=SC2086
+timeout 150 python3 -m bench generation $MODEL --prompts 8 --generations 8 --new-tokens 128 --single-calls 4 \
+  --out-dir "$OUT" 2>&1 | tail -3
+echo "== part 3: GRPO update, this project against TRL's GRPOTrainer"
+if python3 -c "import trl" 2>/dev/null; then
+  # shellcheck disable=SC2086
+  timeout 240 python3 -m bench training $MODEL --prompts 8 --generations 8 --new-tokens 128 --micro-batch 16 \
+    --steps 3 --out-dir "$OUT" 2>&1 | tail -3
+  cat "$OUT"/training_*.md 2>/dev/null | tail -6
+else
+  echo "trl is not importable here: put its wheel (and any missing dependency's) in .whl to run part 3"
+fi
+echo "== 3 generation processes sharing cuda:0"
 for i in 1 2 3; do
-  timeout 120 python3 bench/trainer_speed.py --model .gpu/smollm2 --random-init --device cuda:0 --prompts 8 \
-    --generations 8 --new-tokens 128 --out "$OUT/gpu_shared_$i.json" > /tmp/shared_$i.log 2>&1 &
+  # shellcheck disable=SC2086
+  timeout 150 python3 -m bench generation $MODEL --prompts 8 --generations 8 --new-tokens 128 --single-calls 2 \
+    --tag "shared-$i" --out-dir "$OUT" > "/tmp/shared_$i.log" 2>&1 &
 done
 wait
-grep -h '"batched_generate_tokens_per_s"\|"grpo_step_s"\|"peak_memory_mb"' "$OUT"/gpu_shared_*.json
+grep -h '"tokens_per_s"\|"peak_memory_mb"' "$OUT"/generation_shared-*.json
 [ "${SKIP_DEMO:-0}" = 1 ] && exit 0
 echo "== swarm: coordinator + 3 workers on one GPU (tiny model)"
 timeout 200 python3 -m swarm_gdrive demo --tiny --workers 3 --rounds 3 --device cuda:0 --folder /tmp/gpu-demo \
