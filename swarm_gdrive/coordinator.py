@@ -278,6 +278,7 @@ class Coordinator:
         state = self.open_experiment()
         if state.status == "finished":
             logger.info("experiment %s already finished after %d rounds", self.config.experiment_name, state.round)
+            self.log.flush()  # its coordinator_resumed event, and what a restart after the end found
             return 0
         heartbeat = Heartbeat(self.exchange, "coordinator", state.run_id, self.config.heartbeat_interval)
         heartbeat.start()

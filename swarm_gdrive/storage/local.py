@@ -2,7 +2,8 @@
 
 Atomic writes go to a hidden temporary name in the same folder, are fsynced, then
 renamed over the target. Transient errors of a FUSE mount (EIO, ENOTCONN, ESTALE, ...)
-are retried with exponential backoff.
+are retried with exponential backoff; one that outlasts the retries is raised as a
+StorageUnavailableError (with the same errno and message), which bounded waits ride out.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from swarm_gdrive.storage.base import (
     FileTooLargeError,
     NotRegularFileError,
     StorageError,
+    StorageUnavailableError,
     retrying,
 )
 
@@ -70,9 +72,14 @@ class LocalStorage:
         return self.root.joinpath(*parts)
 
     def _retry(self, fn, *args):
-        for attempt in retrying(is_transient_os_error, self._attempts, self._max_wait):
-            with attempt:
-                return fn(*args)
+        try:
+            for attempt in retrying(is_transient_os_error, self._attempts, self._max_wait):
+                with attempt:
+                    return fn(*args)
+        except OSError as exc:
+            if is_transient_os_error(exc):  # still failing after every attempt: a bounded wait rides it out
+                raise _unavailable(exc) from exc
+            raise
         raise StorageError(f"unreachable retry exit in {fn.__name__}")  # pragma: no cover
 
     # -- reads -----------------------------------------------------------------------------
@@ -186,6 +193,14 @@ class LocalStorage:
     def _move(src: Path, dst: Path) -> None:
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(os.fspath(src), os.fspath(dst))
+
+
+def _unavailable(exc: OSError) -> StorageUnavailableError:
+    """The same error (errno, message, file name) as a StorageUnavailableError."""
+    if exc.errno is None:
+        return StorageUnavailableError(*exc.args)
+    extra = () if exc.filename is None else (exc.filename,)
+    return StorageUnavailableError(exc.errno, exc.strerror, *extra)
 
 
 def _open_nonblocking(path: str, flags: int) -> int:

@@ -54,7 +54,7 @@ def swarm_env(folder: Path, **extra: object) -> dict[str, str]:
         ROLLOUT_WAIT_TIMEOUT=15,
         COORDINATOR_ROUND_INTERVAL=60,
         COORDINATOR_WAIT_TIMEOUT=120,
-        SYNTHETIC_STEP_SECONDS=0.1,
+        SYNTHETIC_STEP_SECONDS=0.3,
         PYTHONPATH=str(HOOK_DIR),
     )
     return {**env, **{k: str(v) for k, v in extra.items()}}
@@ -204,6 +204,17 @@ class Swarm:
     extra: dict[str, dict[str, str]] = field(default_factory=dict)
     procs: list[NodeProcess] = field(default_factory=list)
     sink: Callable[[str], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.sink is None:  # every node's output, interleaved, beside the folder: for post-mortems
+            log, lock = (self.folder.parent / "nodes.log").open("a"), threading.Lock()
+
+            def sink(line: str) -> None:
+                with lock:
+                    log.write(line + "\n")
+                    log.flush()
+
+            self.sink = sink
 
     def start(self, name: str, node: str | None = None, **more: str) -> NodeProcess:
         node = node or name

@@ -143,3 +143,16 @@ def _assert_only_verified_groups_trained(spy: Path) -> None:
                     forged_rewards_trained += 1
     # The forger's true completions with inverted claims were chosen at least once: trained with local scores.
     assert forged_rewards_trained >= 1
+
+
+def test_a_node_id_that_is_a_path_is_refused_before_anything_is_written(tmp_path):
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    swarm = Swarm(folder, swarm_env(folder), [])
+    try:
+        proc = swarm.start("../../x")
+        code = proc.wait(timeout=60)
+    finally:
+        swarm.stop()
+    assert code == 2 and any("NODE_ID='../../x'" in line for line in proc.lines), proc.lines[-5:]
+    assert not list(folder.iterdir()) and not (tmp_path / "x").exists() and not (tmp_path.parent / "x").exists()

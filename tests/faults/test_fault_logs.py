@@ -5,7 +5,7 @@ from __future__ import annotations
 from faultkit import LAYOUT, check_log
 
 from swarm_gdrive.metrics import NodeLog
-from swarm_gdrive.records import MetricRecord, decode_lines, encode_line
+from swarm_gdrive.records import EventRecord, MetricRecord, decode_lines, encode_line
 from swarm_gdrive.storage import LocalStorage
 
 
@@ -40,3 +40,19 @@ def test_a_log_without_a_fragment_gets_only_a_blank_line_that_readers_skip(tmp_p
     data = (tmp_path / LAYOUT.metrics_file("w1")).read_bytes()
     records, problems = decode_lines(data, MetricRecord)
     assert [r.values["a"] for r in records] == [1, 2] and not problems
+
+
+def test_a_coordinator_restarted_after_the_end_records_that_it_resumed(tmp_path):
+    from swarm_threads import Node, fast_env, run_threads
+
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = fast_env(folder, LAYOUT.experiment, MAX_ROUNDS=1)
+    run_threads(env, workers=1)
+    again = Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})
+    again.start()
+    again.join(30)
+    assert again.code == 0
+    records, _ = decode_lines((tmp_path / "drive" / LAYOUT.events_file("coord")).read_bytes(), EventRecord)
+    resumed = [(e.event, e.data) for e in records if e.event == "coordinator_resumed"]
+    assert resumed == [("coordinator_resumed", {"status": "finished"})]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -61,3 +62,26 @@ def test_the_exchange_rejects_them_with_a_reason_and_goes_on(planted):
         LAYOUT.rollout_file(0, 0, "link"): "a folder, not a regular file",
         LAYOUT.rollout_file(0, 0, "zero"): "a device, not a regular file",
     }
+
+
+def test_an_outage_longer_than_the_retries_is_ridden_out_by_a_bounded_wait(tmp_path, monkeypatch):
+    from swarm_gdrive.polling import Backoff, wait_for
+    from swarm_gdrive.storage import local
+    from swarm_gdrive.storage.base import StorageUnavailableError
+
+    storage = LocalStorage(tmp_path, retry_attempts=2, retry_max_wait=0.01)
+    storage.write_bytes("state.json", b"{}")
+    real, failures = local.LocalStorage._read, [7]  # 7 failing calls: more than one call's 2 attempts
+
+    def flaky(*args):
+        if failures[0]:
+            failures[0] -= 1
+            raise OSError(errno.ENOTCONN, "Transport endpoint is not connected", str(args[0]))
+        return real(*args)
+
+    monkeypatch.setattr(local.LocalStorage, "_read", staticmethod(flaky))
+    with pytest.raises(StorageUnavailableError) as info:  # one call alone gives up, as before, but says so
+        storage.read_bytes("state.json")
+    assert info.value.errno == errno.ENOTCONN and failures[0] == 5
+    got = wait_for(lambda: storage.read_bytes("state.json"), threading.Event(), 10, Backoff(0.01, 0.02))
+    assert got == b"{}" and failures[0] == 0  # the poll went on through the outage instead of crashing

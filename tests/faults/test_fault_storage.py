@@ -3,7 +3,6 @@ the Drive API (emulator) 500/503 storms, 403/429 rate limits, dropped connection
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import Counter
 
@@ -11,15 +10,9 @@ import pytest
 from faultkit import (
     LAYOUT,
     Swarm,
-    Watcher,
-    assert_every_round_submitted,
-    assert_swarm_finished,
-    faults,
-    leftovers,
-    metrics,
-    rejections,
     swarm_env,
 )
+from trials import run_oserror_trial
 
 from swarm_gdrive.records import EventRecord, MetricRecord, RewardRecord, RolloutBatch, StateRecord, decode_lines
 from swarm_gdrive.records import decode as decode_record
@@ -30,41 +23,8 @@ WORKERS = ["w1", "w2", "w3"]
 
 
 def test_bursts_of_eio_and_enotconn_on_every_node_lose_nothing(tmp_path):
-    folder = tmp_path / "drive"
-    folder.mkdir()
-    injected = tmp_path / "injected"
-    env = swarm_env(folder, MAX_ROUNDS=4, MIN_WORKERS=3)
-    # Every node's local backend fails about one call in 12, in bursts of 1-4 calls (within the retry budget).
-    extra = {
-        node: faults(oserror={"every": 12, "burst": 1 + i % 4, "seed": i, "dir": str(injected)})
-        for i, node in enumerate(["coord", *WORKERS])
-    }
-    swarm = Swarm(folder, env, WORKERS, extra)
-    watcher = Watcher(folder)
-    try:
-        watcher.start()
-        swarm.start_all()
-        codes = swarm.wait(timeout=180)
-    finally:
-        swarm.stop()
-        watcher.stop()
-    assert codes == {"coord": 0, "w1": 0, "w2": 0, "w3": 0}, swarm.tails()
-    errors = [json.loads(line) for f in injected.glob("*.log") for line in f.read_text().splitlines()]
-    kinds = Counter(e["errno"] for e in errors)
-    assert kinds["EIO"] >= 10 and kinds["ENOTCONN"] >= 10, kinds
-    assert len({e["op"] for e in errors}) >= 4, Counter(e["op"] for e in errors)  # reads, writes, lists, appends
-    retried = [line for p in swarm.procs for line in p.lines if "Retrying" in line]
-    assert any("Transport endpoint is not connected" in line for line in retried)
-    assert any("Input/output error" in line for line in retried)
-
-    watcher.assert_clean()
-    assert_swarm_finished(folder, 4)
-    assert not leftovers(folder), leftovers(folder)
-    for w in WORKERS:
-        assert_every_round_submitted(folder, w, range(4))
-    for node in ["coord", *WORKERS]:
-        assert not rejections(folder, node)
-        metrics(folder, node)
+    injected = run_oserror_trial(tmp_path, seed=0)
+    assert injected["EIO"] >= 10 and injected["ENOTCONN"] >= 10, injected
 
 
 def test_drive_storms_of_5xx_rate_limits_and_dropped_connections_with_lagging_listings(tmp_path):

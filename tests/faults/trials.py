@@ -3,8 +3,10 @@ with the same identity, and every property of the suite checked. Used by the tes
 
 from __future__ import annotations
 
+import json
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,7 +112,7 @@ def _state(folder: Path) -> StateRecord | None:
 
 
 def _kill_at_random(swarm: Swarm, proc, victim: str, round_: int, rng: random.Random) -> None:
-    """SIGKILL at a random moment after round ``round_`` opened (0-1.5 s in)."""
+    """SIGKILL at a random moment after round ``round_`` opened (0-0.6 s in; a round takes about a second)."""
     state = swarm.path(LAYOUT.state_file)
 
     def opened() -> bool:
@@ -120,7 +122,7 @@ def _kill_at_random(swarm: Swarm, proc, victim: str, round_: int, rng: random.Ra
             return False
 
     wait_until(opened, 90, f"round {round_}", swarm.procs)
-    time.sleep(rng.uniform(0.0, 1.5))  # the randomised kill moment itself, not a synchronisation
+    time.sleep(rng.uniform(0.0, 0.6))  # the randomised kill moment itself, not a synchronisation
     proc.kill()
 
 
@@ -154,3 +156,41 @@ def _check_restart(folder: Path, victim: str, state_at_kill: StateRecord | None,
     else:
         assert after[0] in allowed, (completed, after)
     return after[0]
+
+
+def run_oserror_trial(tmp: Path, seed: int, sink=None) -> Counter[str]:
+    """Every node's local backend fails about one call in 12, in bursts of 1-4 calls (within the retry
+    budget), with EIO or ENOTCONN; the swarm must finish with nothing lost. Returns the errors injected."""
+    folder = tmp / "drive"
+    folder.mkdir(parents=True)
+    injected = tmp / "injected"
+    # A node riding out bursts sleeps in backoff, its heartbeat thread too: seconds without a heartbeat.
+    env = swarm_env(folder, MAX_ROUNDS=ROUNDS, MIN_WORKERS=len(WORKERS), LIVENESS_TIMEOUT=30)
+    extra = {
+        node: faults(oserror={"every": 12, "burst": 1 + (seed + i) % 4, "seed": seed * 100 + i, "dir": str(injected)})
+        for i, node in enumerate(["coord", *WORKERS])
+    }
+    swarm = Swarm(folder, env, WORKERS, extra, sink=sink)
+    watcher = Watcher(folder)
+    try:
+        watcher.start()
+        swarm.start_all()
+        codes = swarm.wait(timeout=180)
+    finally:
+        swarm.stop()
+        watcher.stop()
+    assert codes == {"coord": 0, **{w: 0 for w in WORKERS}}, swarm.tails()
+    errors = [json.loads(line) for f in injected.glob("*.log") for line in f.read_text().splitlines()]
+    assert {"_read", "_write", "_list"} <= {e["op"] for e in errors}, Counter(e["op"] for e in errors)
+    retried = [line for p in swarm.procs for line in p.lines if "Retrying" in line]
+    assert any("Transport endpoint is not connected" in line for line in retried)
+    assert any("Input/output error" in line for line in retried)
+    watcher.assert_clean()
+    assert_swarm_finished(folder, ROUNDS)
+    assert not leftovers(folder), leftovers(folder)
+    for w in WORKERS:
+        assert_every_round_submitted(folder, w, range(ROUNDS))
+    for node in ["coord", *WORKERS]:
+        assert not rejections(folder, node)
+        metrics(folder, node)
+    return Counter(e["errno"] for e in errors)

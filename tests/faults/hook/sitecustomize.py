@@ -11,9 +11,10 @@ It does nothing unless ``SWARM_FAULTS`` holds a JSON object; its keys switch on:
   name), ``flush`` (half of the metrics chunk appended to metrics.jsonl), ``checkpoint`` (half of
   ``model.safetensors`` of a checkpoint written to its temporary name), ``state`` (coordinator:
   half of the state file of round R written to its temporary name).
-- ``oserror``: ``{"every": N, "burst": K, "seed": S}``: the local backend's file operations fail
-  with a burst of K ``OSError`` (EIO, or ENOTCONN "Transport endpoint is not connected", chosen at
-  random) once every N calls on average. Every injected error is appended to ``D/oserrors.log``
+- ``oserror``: ``{"every": N, "burst": K, "seed": S, "cooldown": C}``: the local backend's file
+  operations fail with a burst of K ``OSError`` (EIO, or ENOTCONN "Transport endpoint is not
+  connected", chosen at random) once every N calls on average; the C calls after a burst (default 8)
+  succeed. Every injected error is appended to ``D/oserrors.log``
   when ``dir`` is given.
 - ``clock_skew_s``: ``time.time()`` of this process is off by that many seconds.
 - ``spy``: a folder; every call of the workload's ``train`` appends one JSON line to
@@ -161,16 +162,21 @@ def _install_oserrors(spec: dict) -> None:
     rng = random.Random(spec.get("seed", 0))
     every, burst = int(spec["every"]), int(spec["burst"])
     lock = threading.Lock()
-    pending = [0]
+    cooldown = int(spec.get("cooldown", 8))
+    pending, quiet = [0], [0]
     log = os.path.join(spec["dir"], f"oserrors-{os.getpid()}.log") if spec.get("dir") else None
 
     def maybe_fail(name: str, target) -> None:
         with lock:
+            if quiet[0]:  # calls after a burst succeed: bursts, not one endless outage
+                quiet[0] -= 1
+                return
             if pending[0] == 0 and rng.random() < 1.0 / every:
                 pending[0] = burst
             if pending[0] == 0:
                 return
             pending[0] -= 1
+            quiet[0] = cooldown if pending[0] == 0 else 0
             use_eio = rng.random() < 0.5
         if log:
             _append_line(log, {"op": name, "path": str(target), "errno": "EIO" if use_eio else "ENOTCONN"})

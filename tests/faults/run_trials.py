@@ -1,0 +1,139 @@
+"""Randomised fault trials against real node processes, with a summary table.
+
+    python tests/faults/run_trials.py --trials 20 --seed 1 [--kinds worker,coordinator,oserror] [--out DIR]
+
+Each trial starts a fresh swarm (a coordinator and 3 workers, synthetic workload, 4 rounds) on a temporary
+folder and injects one fault chosen at random from the seed:
+
+- ``worker``: SIGKILL of a worker at a random point (mid generation, mid publish, mid update, mid submit,
+  mid log flush, or a random moment) of a random round, with a random publish frequency; restarted with
+  the same NODE_ID.
+- ``coordinator``: SIGKILL of the coordinator mid state write, mid log flush, or at a random moment of a
+  random round; restarted with the same NODE_ID.
+- ``oserror``: bursts of EIO / ENOTCONN in every node's local backend.
+
+Every trial checks the suite's properties (tests/faults/trials.py): survivors exit 0; no reader ever saw a
+partial file; every submission of a live worker is in the folder; the restarted node resumed where it
+stopped; no honest file was rejected; no temporary file is left. The table (and ``summary.json`` under
+``--out``) gives, per fault, trials run, trials survived and submissions lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from trials import (  # noqa: E402
+    COORDINATOR_POINTS,
+    ROUNDS,
+    WORKER_POINTS,
+    WORKERS,
+    run_kill_trial,
+    run_oserror_trial,
+)
+
+PUBLISH = ("generation", "stage", "round")
+
+
+def one_trial(kind: str, rng: random.Random, tmp: Path) -> dict:
+    """Run one randomised trial; returns its record (``ok`` False with the reason when a property failed)."""
+    seed = rng.randrange(2**31)
+    if kind == "worker":
+        point, round_ = rng.choice(WORKER_POINTS), rng.randrange(ROUNDS - 1)
+        victim, publish = rng.choice(WORKERS), rng.choice(PUBLISH)
+        record = {"fault": f"worker SIGKILL mid {point}", "victim": victim, "round": round_, "publish": publish}
+        run = lambda: run_kill_trial(tmp, victim, point, round_, publish, seed)  # noqa: E731
+    elif kind == "coordinator":
+        point = rng.choice(COORDINATOR_POINTS)
+        round_ = rng.randrange(1, ROUNDS + 1) if point == "state" else rng.randrange(ROUNDS - 1)
+        record = {"fault": f"coordinator SIGKILL mid {point}", "victim": "coord", "round": round_}
+        run = lambda: run_kill_trial(tmp, "coord", point, round_, "stage", seed)  # noqa: E731
+    else:
+        record = {"fault": "EIO/ENOTCONN bursts (local backend)"}
+        run = lambda: run_oserror_trial(tmp, seed)  # noqa: E731
+    record["seed"] = seed
+    started = time.monotonic()
+    try:
+        result = run()
+        record.update(ok=True, lost=getattr(result, "lost", 0))
+        if kind == "oserror":
+            record["injected"] = dict(result)
+        else:
+            record["resumed_at"] = result.resumed_at
+    except AssertionError as exc:
+        record.update(ok=False, lost=None, error=str(exc)[:2000])
+    except Exception:  # noqa: BLE001 - a broken trial is reported, and the run goes on
+        record.update(ok=False, lost=None, error=traceback.format_exc()[-2000:])
+    record["seconds"] = round(time.monotonic() - started, 1)
+    return record
+
+
+def summarise(records: list[dict]) -> list[dict]:
+    rows: dict[str, dict] = {}
+    for r in records:
+        row = rows.setdefault(r["fault"], {"fault": r["fault"], "trials": 0, "survived": 0, "lost": 0, "seconds": 0.0})
+        row["trials"] += 1
+        row["survived"] += bool(r["ok"])
+        row["lost"] += r["lost"] or 0
+        row["seconds"] += r["seconds"]
+    return sorted(rows.values(), key=lambda row: row["fault"])
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| fault | trials | survived | submissions lost | mean s |", "|---|---|---|---|---|"]
+    for row in rows:
+        mean = row["seconds"] / row["trials"]
+        lines.append(f"| {row['fault']} | {row['trials']} | {row['survived']} | {row['lost']} | {mean:.1f} |")
+    total = sum(r["trials"] for r in rows), sum(r["survived"] for r in rows), sum(r["lost"] for r in rows)
+    lines.append(f"| **all** | {total[0]} | {total[1]} | {total[2]} | |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=20, help="trials of each kind (default 20)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random choices (default 0)")
+    parser.add_argument("--kinds", default="worker,coordinator,oserror", help="comma-separated kinds to run")
+    parser.add_argument("--out", type=Path, default=None, help="folder for trials.jsonl, summary.json, summary.md")
+    parser.add_argument("--keep", action="store_true", help="keep the folders of failed trials (printed)")
+    args = parser.parse_args(argv)
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = set(kinds) - {"worker", "coordinator", "oserror"}
+    if unknown:
+        parser.error(f"--kinds: unknown {sorted(unknown)}; use worker, coordinator, oserror")
+    rng = random.Random(args.seed)
+    records = []
+    for kind in kinds:
+        for i in range(args.trials):
+            tmp = Path(tempfile.mkdtemp(prefix=f"fault-{kind}-{i}-"))
+            record = one_trial(kind, rng, tmp)
+            records.append(record)
+            status = "ok  " if record["ok"] else "FAIL"
+            detail = {k: v for k, v in record.items() if k not in ("fault", "ok", "error", "injected")}
+            print(f"{status} {kind} {i + 1}/{args.trials}: {record['fault']} {detail}", flush=True)
+            if not record["ok"]:
+                print("     " + record["error"].splitlines()[0][:300] + (f"\n     kept {tmp}" if args.keep else ""))
+            if record["ok"] or not args.keep:
+                shutil.rmtree(tmp, ignore_errors=True)
+    rows = summarise(records)
+    print()
+    print(table(rows))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (args.out / "summary.json").write_text(json.dumps({"seed": args.seed, "rows": rows}, indent=1))
+        (args.out / "summary.md").write_text(table(rows) + "\n")
+    return 0 if all(r["ok"] for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
