@@ -292,6 +292,14 @@ class Config:
     num_transplant_trees: int = _env(
         "NUM_TRANSPLANT_TREES", 0, "J: groups taken from other nodes per stage (SAPO); 0 is plain GRPO.", _parse_int(0)
     )
+    sapo_max_peers: int = _env(
+        "SAPO_MAX_PEERS",
+        8,
+        "Workers only: read the rollouts of at most this many peers per stage, chosen at random (seeded), and "
+        "sample the J external groups from them; more are read only when these offer fewer than J useful "
+        "groups. Keeps each worker's reads per round independent of the swarm's size; 0 reads every peer.",
+        _parse_int(0),
+    )
     num_stages: int = _env(
         "NUM_STAGES", 1, "Stages per round; each stage generates, shares and trains once.", _parse_int(1)
     )

@@ -9,7 +9,7 @@ and skipped; it is never trusted.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from swarm_gdrive.layout import Layout, node_id_from_filename, parse_round_dir, parse_stage_dir
@@ -227,13 +227,18 @@ class Exchange:
     def write_rollouts(self, batch: RolloutBatch) -> None:
         self._write(self.layout.rollout_file(batch.round, batch.stage, batch.node_id), batch)
 
-    def read_rollouts(self, round_: int, stage: int, exclude_self: bool = True) -> dict[str, RolloutBatch]:
-        """Valid rollout batches of a stage by node id; a file is re-read only when it changed."""
+    def read_rollouts(
+        self, round_: int, stage: int, exclude_self: bool = True, only: Collection[str] | None = None
+    ) -> dict[str, RolloutBatch]:
+        """Valid rollout batches of a stage by node id (of the nodes in ``only``, if given); a file is re-read only
+        when it changed."""
         folder = self.layout.rollouts_stage_dir(round_, stage)
         out: dict[str, RolloutBatch] = {}
         for info in self._list(folder):
             node_id = node_id_from_filename(info.name)
             if info.is_dir or node_id is None or (exclude_self and node_id == self.node_id):
+                continue
+            if only is not None and node_id not in only:
                 continue
             batch = self._read_cached(folder, info, RolloutBatch)
             if batch is not None and (batch.round, batch.stage) == (round_, stage):

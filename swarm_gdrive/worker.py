@@ -349,12 +349,24 @@ class Worker:
         )
 
     def _gather(self, ctx: StageContext, state: StateRecord) -> _Gathered:
-        """Other nodes' rollouts of this stage, until every expected peer's batch is complete or time is up."""
-        expected = set(state.live_workers) - {self.node_id}
+        """Other nodes' rollouts of this stage, until every expected peer's batch is complete or time is up.
+
+        With SAPO_MAX_PEERS = K > 0 and more live peers than K, only K of them, drawn at random (seeded by
+        SEED, node, round and stage), are expected and read; while their complete batches offer fewer than J
+        groups with reward variance, the next K of the shuffled peers are added. Peers then have equal chances
+        and, when they publish equal numbers of groups, so does every group, as in sampling from all of them.
+        """
+        peers = sorted(set(state.live_workers) - {self.node_id})
+        cap = self.config.sapo_max_peers
+        capped = 0 < cap < len(peers)
+        if capped:
+            rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="peers").shuffle(peers)
+        expected = set(peers[:cap] if capped else peers)
         gathered = _Gathered()
 
         def poll() -> bool | None:
-            for node, batch in self.exchange.read_rollouts(ctx.round, ctx.stage).items():
+            only = expected if capped else None
+            for node, batch in self.exchange.read_rollouts(ctx.round, ctx.stage, only=only).items():
                 if gathered.batches.get(node) is batch:
                     continue
                 gathered.batches[node] = batch
@@ -374,7 +386,13 @@ class Worker:
                     scored.append(ScoredGroup(node, group, rewards))
                 gathered.scored[node] = scored
             complete = {n for n, b in gathered.batches.items() if b.complete}
-            return True if expected <= complete else None
+            if not expected <= complete:
+                return None
+            useful = sum(1 for g in gathered.pool() if g.has_variance)
+            if capped and useful < self.config.num_transplant_trees and len(expected) < len(peers):
+                expected.update(peers[len(expected) : len(expected) + cap])  # top up with the next drawn peers
+                return None
+            return True
 
         if wait_for(poll, self.stop, self.config.rollout_wait_timeout, self._gather_backoff) is None:
             missing = sorted(expected - {n for n, b in gathered.batches.items() if b.complete})

@@ -198,3 +198,23 @@ def test_a_worker_gives_up_with_exit_3_when_the_experiment_is_reset_under_it(tmp
     new.join(20)
     assert worker.code == 3
     assert list((tmp_path / "archives" / "inproc").glob("reset_*/peers/w1.json"))
+
+
+@pytest.mark.parametrize(
+    ("max_peers", "generations", "peers_read", "external_used"),
+    [
+        (2, 4, {2}, {2}),  # two peers drawn; their 6 groups offer J = 2 useful ones (7 in 8 groups have variance)
+        (2, 1, {5}, {0}),  # one completion per group: no variance anywhere, so the worker tops up to every peer
+        (0, 4, {5}, {2}),  # 0: every peer is read
+    ],
+)
+def test_sapo_max_peers_caps_the_peers_a_worker_reads(tmp_path, max_peers, generations, peers_read, external_used):
+    run_swarm(tmp_path, 6, MAX_ROUNDS=2, NUM_TRANSPLANT_TREES=2, SAPO_MAX_PEERS=max_peers, NUM_GENERATIONS=generations)
+    seen_reads, seen_used = set(), set()
+    for w in (f"w{i}" for i in range(1, 7)):
+        metrics, _ = decode_lines((tmp_path / LAYOUT.metrics_file(w)).read_bytes(), MetricRecord)
+        stages = [m.values for m in metrics if "swarm/peers_read" in m.values]
+        assert len(stages) == 2
+        seen_reads |= {v["swarm/peers_read"] for v in stages}
+        seen_used |= {v["swarm/external_used"] for v in stages}
+    assert (seen_reads, seen_used) == (peers_read, external_used)
