@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
         ("train", 2, "stage"),
         ("submit", 0, "stage"),
         ("flush", 1, "stage"),
+        ("random", 1, "round"),
     ],
 )
 def test_a_worker_killed_mid_round_restarts_and_nothing_is_lost(tmp_path, point, round_, publish):
@@ -24,7 +25,7 @@ def test_a_worker_killed_mid_round_restarts_and_nothing_is_lost(tmp_path, point,
     assert result.lost == 0 and result.resumed_at is not None
 
 
-@pytest.mark.parametrize(("point", "round_"), [("state", 2), ("flush", 1)])
+@pytest.mark.parametrize(("point", "round_"), [("state", 2), ("state", 4), ("flush", 1), ("random", 1)])
 def test_the_coordinator_killed_mid_write_resumes_its_round(tmp_path, point, round_):
     result = run_kill_trial(tmp_path, "coord", point, round_)
     assert result.lost == 0
