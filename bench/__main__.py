@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         if rest:
             print("python -m bench all takes no options; run the parts one by one to pass options", file=sys.stderr)
             return 2
+        started = time.monotonic()
         codes = [run_part(p, []) for p in ALL]
+        print(f"== all: {time.monotonic() - started:.0f} s", file=sys.stderr)
         return max(codes)
     return run_part(part, rest)
 

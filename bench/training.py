@@ -242,7 +242,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench training", description=__doc__.splitlines()[0])
     add_model_options(p, prompts=4, generations=4, new_tokens=64)
     p.add_argument("--micro-batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
+    p.add_argument("--steps", type=int, default=2, help="timed steps after one warm-up step")
     p.add_argument("--timeout", type=float, default=900, help="per side, seconds")
     p.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # internal: run one side in this process
     p.add_argument("--side-out", help=argparse.SUPPRESS)
