@@ -54,8 +54,11 @@ def source_version() -> dict[str, Any]:
     return {"commit": git("rev-parse", "--short", "HEAD"), "package_uncommitted_changes": bool(dirty)}
 
 
-def machine_info(device: str = "cpu") -> dict[str, Any]:
-    """CPU, cores, memory, accelerator and library versions, for the result file."""
+def machine_info(device: str = "cpu", source: dict[str, Any] | None = None) -> dict[str, Any]:
+    """CPU, cores, memory, accelerator and library versions, for the result file.
+
+    ``source``: :func:`source_version` taken when the run started (the tree may change during a run).
+    """
     info: dict[str, Any] = {
         "host": platform.node(),
         "cpu": cpu_model(),
@@ -66,7 +69,7 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         # Other work on the machine slows a timed run: the load averages when the result was written.
         "load_avg_1_5_15m": [round(x, 2) for x in os.getloadavg()],
-        **source_version(),
+        **(source if source is not None else source_version()),
     }
     try:
         pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")

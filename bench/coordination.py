@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import finite, machine_info, machine_line, machine_tag, markdown_table, write_result
+from bench.common import finite, machine_info, machine_line, machine_tag, markdown_table, source_version, write_result
 from swarm_gdrive.config import Config, from_env
 from swarm_gdrive.coordinator import Coordinator
 from swarm_gdrive.identity import claim_identity
@@ -516,6 +516,7 @@ def plan(args: argparse.Namespace) -> list[RunSpec]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    source = source_version()
     logging.basicConfig(level=logging.ERROR)  # 100+ nodes' INFO lines would drown the progress lines
     specs = plan(args)
     emulator = None
@@ -543,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
             emulator.stop()
     result = {
         "part": "coordination",
-        "machine": machine_info("cpu"),
+        "machine": machine_info("cpu", source),
         "how": HOW.format(
             samples=args.samples, generations=args.generations, step=args.step_seconds, rounds=args.rounds
         ),

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from bench.common import machine_info, machine_line, machine_tag, markdown_table, write_result
+from bench.common import machine_info, machine_line, machine_tag, markdown_table, source_version, write_result
 from bench.models import QUESTIONS, add_model_options, load, sync
 from swarm_gdrive.tasks import build_messages
 from swarm_gdrive.trainer import PolicyTrainer, TrainSettings, peak_memory_mb, pick_device
@@ -86,12 +86,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    source = source_version()
     device = pick_device(args.device, cpu_only=False)
     measured = measure(args, device)
     settings = {k: getattr(args, k) for k in ("model", "random_init", "prompts", "generations", "new_tokens")}
     result = {
         "part": "generation",
-        "machine": machine_info(str(device)),
+        "machine": machine_info(str(device), source),
         "settings": {**settings, "device": str(device)},
         "measured": measured,
     }

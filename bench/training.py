@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from bench.common import machine_info, machine_line, machine_tag, markdown_table, write_result
+from bench.common import machine_info, machine_line, machine_tag, markdown_table, source_version, write_result
 from bench.models import QUESTIONS, add_model_options, fixed_completions, load, sync
 from swarm_gdrive.grpo import LossConfig
 from swarm_gdrive.tasks import build_messages
@@ -255,6 +255,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    source = source_version()
     device = pick_device(args.device, cpu_only=False)
     if args.side is not None:
         measured = (run_ours if args.side == "ours" else run_trl)(args, device)
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = ("model", "random_init", "prompts", "generations", "new_tokens", "micro_batch", "steps")
     result = {
         "part": "training",
-        "machine": machine_info(str(device)),
+        "machine": machine_info(str(device), source),
         "settings": {**{k: getattr(args, k) for k in keys}, "device": str(device), "loss": dataclasses.asdict(LOSS)},
         "sides": sides,
         "ratios": summarise(sides),
