@@ -101,7 +101,19 @@ def run_kill_trial(
         assert_every_round_submitted(folder, w, range(ROUNDS), skipped)
     assert lost == 0
     resumed_at = _check_restart(folder, victim, state_at_kill, killed_at, point)
+    _check_cleanup(swarm, folder, victim, point)
     return KillResult(victim, point, round_, time.monotonic() - started, resumed_at, lost)
+
+
+def _check_cleanup(swarm: Swarm, folder: Path, victim: str, point: str) -> None:
+    """A kill mid-write left a half-written temporary; the restarted node (its only writer) removed it."""
+    if point not in ("publish", "submit", "state"):
+        return
+    if victim == "coord":
+        assert any("removed 1 temporary files" in line for line in swarm.procs[-1].lines), swarm.tails()
+    else:
+        cleaned = [e.data["count"] for e in events(folder, victim) if e.event == "temporaries_removed"]
+        assert cleaned == [1], cleaned
 
 
 def _state(folder: Path) -> StateRecord | None:
