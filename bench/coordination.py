@@ -284,6 +284,7 @@ def _per_round(calls: list[Call], windows: list[tuple[float, float]], layout: La
     n = len(windows)
     by_op = Counter(c.op for c in inside)
     by_kind = Counter(category(layout, c.path) for c in inside)
+    reads_by_kind = Counter(category(layout, c.path) for c in inside if c.op == "read")
     return {
         "calls": len(inside) / n,
         "bytes_read": sum(c.nbytes for c in inside if c.op == "read") / n,
@@ -291,6 +292,7 @@ def _per_round(calls: list[Call], windows: list[tuple[float, float]], layout: La
         "api_calls": sum(c.api_calls for c in inside) / n,
         "by_op": {k: v / n for k, v in sorted(by_op.items())},
         "by_kind": {k: v / n for k, v in sorted(by_kind.items())},
+        "reads_by_kind": {k: v / n for k, v in sorted(reads_by_kind.items())},
     }
 
 
@@ -378,6 +380,7 @@ def analyse(spec: RunSpec, layout: Layout, coord: NodeThread, workers: list[Node
             "api_calls": mean_of("api_calls"),
             "by_op": mean_map("by_op") if per_worker else {},
             "by_kind": mean_map("by_kind") if per_worker else {},
+            "reads_by_kind": mean_map("reads_by_kind") if per_worker else {},
         },
         "coordinator_per_round": _per_round(coord.storage.calls, coord_windows, layout),
     }

@@ -40,11 +40,10 @@ def test_coordination_benchmark_runs_and_reports_real_figures(tmp_path: Path) ->
             assert math.isfinite(overhead[key]), (run["name"], key)
         # The next round cannot start before the coordinator saw the last submission and announced the round.
         assert overhead["overhead_s"] > 0 and overhead["coordinator_s"] > 0, run["name"]
-        assert overhead["overhead_s"] == pytest.approx(overhead["coordinator_s"] + overhead["pickup_s"])
         worker = run["worker_per_round"]
         assert worker["calls"] > 0 and worker["bytes_written"] > 0, run["name"]
         # J = 1: every worker submitted a reward and read other nodes' rollouts in the counted round.
-        assert worker["by_kind"]["rewards"] >= 1 and worker["by_op"]["read"] >= 1, run["name"]
+        assert worker["by_kind"]["rewards"] >= 1 and worker["reads_by_kind"]["rollouts"] >= 1, run["name"]
         assert run["coordinator_per_round"]["calls"] > 0, run["name"]
         if backend == "drive":
             assert worker["api_calls"] > 0, run["name"]  # Drive requests behind the storage calls
