@@ -9,7 +9,7 @@
 # gives the architecture's speed and memory, not its rewards).
 set -u
 OUT=${OUT:-/tmp/out}
-MODEL=".gpu/smollm2 --random-init --device cuda:0"
+MODEL="--model .gpu/smollm2 --random-init --device cuda:0"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 # pycosat (a C extension reasoning-gym imports; none of our tasks uses it) has no cp312 wheel:
 # build it here, and if that fails give the import an inert module (device check only).
