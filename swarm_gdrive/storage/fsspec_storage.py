@@ -50,7 +50,9 @@ from swarm_gdrive.storage.base import (
     DEFAULT_MAX_READ_BYTES,
     FileInfo,
     FileTooLargeError,
+    NotRegularFileError,
     StorageError,
+    StorageUnavailableError,
     retrying,
 )
 from swarm_gdrive.storage.local import TRANSIENT_ERRNOS, temp_name_for
@@ -258,9 +260,18 @@ class FsspecStorage:
         return self.fs._strip_protocol(f"{self.root}/{joined}" if self.root else joined)
 
     def _retry(self, fn: Callable[..., T], *args: Any, transient: Callable[[BaseException], bool] | None = None) -> T:
-        for attempt in retrying(transient or is_transient_fsspec_error, self._attempts, self._max_wait):
-            with attempt:
-                return fn(*args)
+        is_transient = transient or is_transient_fsspec_error
+        try:
+            for attempt in retrying(is_transient, self._attempts, self._max_wait):
+                with attempt:
+                    return fn(*args)
+        except StorageError:
+            raise
+        except Exception as exc:
+            if is_transient(exc):  # still failing after every attempt: bounded waits ride it out, as on Drive
+                code = exc.errno if isinstance(exc, OSError) and exc.errno is not None else errno.EAGAIN
+                raise StorageUnavailableError(code, str(exc)) from exc
+            raise
         raise StorageError(f"unreachable retry exit in {fn.__name__}")  # pragma: no cover
 
     def _invalidate(self, full: str) -> None:
@@ -281,8 +292,11 @@ class FsspecStorage:
     def _read(self, full: str, max_bytes: int, rel: str) -> bytes:
         self._invalidate(full)
         info = self.fs.info(full)
-        if info.get("type") == "directory":
-            raise IsADirectoryError(errno.EISDIR, "Is a directory", rel)
+        kind = info.get("type")
+        if kind == "directory":
+            raise NotRegularFileError(rel, "a folder")
+        if kind not in (None, "file"):  # a FIFO or a device under file://: opening it could block for ever
+            raise NotRegularFileError(rel, f"an entry of type {kind!r}")
         size = info.get("size")
         if size is not None:
             if int(size) > max_bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
@@ -26,7 +27,7 @@ from botocore.exceptions import (
 from fsspec.exceptions import FSTimeoutError
 from s3fs.errors import translate_boto_error
 
-from swarm_gdrive.storage.base import FileTooLargeError, Storage
+from swarm_gdrive.storage.base import FileTooLargeError, NotRegularFileError, Storage, StorageUnavailableError
 from swarm_gdrive.storage.fsspec_storage import (
     FsspecStorage,
     client_error,
@@ -298,9 +299,10 @@ def test_transient_errors_give_up_after_the_attempts(storage: FsspecStorage, mon
     errors = [ConnectionResetError(errno.ECONNRESET, f"reset #{i}") for i in range(10)]
     wrapper, calls = failing_first(storage.fs.cat_file, errors)
     monkeypatch.setattr(storage.fs, "cat_file", wrapper)
-    with pytest.raises(ConnectionResetError) as info:
+    with pytest.raises(StorageUnavailableError) as info:  # which bounded waits ride out
         storage.read_bytes("x.json")
-    assert str(info.value) == f"[Errno {errno.ECONNRESET}] reset #{ATTEMPTS - 1}"
+    assert info.value.errno == errno.ECONNRESET and f"reset #{ATTEMPTS - 1}" in str(info.value)
+    assert isinstance(info.value.__cause__, ConnectionResetError)
     assert len(calls) == ATTEMPTS
 
 
@@ -352,8 +354,16 @@ def test_object_emptied_since_the_size_check_reads_empty(
 
 def test_reading_a_folder_is_an_error_not_retried(storage: FsspecStorage) -> None:
     storage.write_bytes("d/x.json", b"1")
-    with pytest.raises(IsADirectoryError):
+    with pytest.raises(NotRegularFileError, match="a folder"):
         storage.read_bytes("d")
+
+
+def test_a_fifo_under_a_file_name_is_refused_without_opening_it(tmp_path: Path) -> None:
+    """A FIFO planted where a protocol file belongs would block a reader that opened it for ever."""
+    os.mkfifo(tmp_path / "state.json")
+    storage = FsspecStorage(f"file://{tmp_path}", retry_max_wait=0.01)
+    with pytest.raises(NotRegularFileError, match="type 'other'"):
+        storage.read_bytes("state.json")
 
 
 # -- write paths -----------------------------------------------------------------------------
