@@ -197,7 +197,23 @@ def summarise(folder: Path, experiment: str, rounds: int | None = None) -> dict:
         "eval": _evals(snap.evals),
     }
     out.update(_metric_means(snap.metrics))
+    out.update(_thirds(per_round))
     return out
+
+
+def _thirds(per_round: dict[str, list[float]]) -> dict:
+    """Mean reward over workers in the first and in the last third of the rounds: did the reward rise?"""
+    n = min((len(v) for v in per_round.values()), default=0)
+    third = n // 3
+    if third == 0:
+        return {}
+    first = [r for v in per_round.values() for r in v[:third]]
+    last = [r for v in per_round.values() for r in v[n - third : n]]
+    return {
+        "thirds_rounds": third,
+        "first_third_mean": statistics.fmean(first),
+        "last_third_mean": statistics.fmean(last),
+    }
 
 
 def _evals(evals) -> list[dict]:
@@ -399,13 +415,17 @@ def markdown(study: dict) -> str:
     lines += _matched_section(study)
     lines += _eval_section(confs)
     lines += ["", "## Per-round time and signal (means over workers and rounds)", ""]
-    lines.append("| configuration | round s | generate s | train step s | local groups with zero variance |")
-    lines.append("|---|---|---|---|---|")
+    lines.append(
+        "| configuration | round s | generate s | train step s | local groups with zero variance "
+        "| reward, first third of rounds -> last third |"
+    )
+    lines.append("|---|---|---|---|---|---|")
     for name, conf in confs.items():
         s = conf.get("summary", {})
         if s:
             cells = [_num(s.get(k), "{:.1f}") for k in ("round_s_mean", "generate_s_mean", "train_step_s_mean")]
             cells.append(_num(s.get("zero_variance_fraction_mean"), "{:.2f}"))
+            cells.append(f"{_num(s.get('first_third_mean'))} -> {_num(s.get('last_third_mean'))}")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "## Settings of each configuration (every variable the nodes got besides their role and id)", ""]
     for name, conf in confs.items():

@@ -41,6 +41,7 @@ def test_summary_sums_each_workers_per_round_reward(folder: Path) -> None:
     assert (s["cumulative_min"], s["cumulative_max"]) == pytest.approx((0.5, 0.6))
     assert s["per_round"]["worker-2"] == pytest.approx([0.0, 0.0, 0.5])
     assert (s["eval_pass1_first"], s["eval_pass1_last"]) == pytest.approx((0.5, 0.75))
+    assert (s["first_third_mean"], s["last_third_mean"]) == pytest.approx((0.1, (0.3 + 0.5 + 0.2) / 3))
     assert learning.summarise(folder, "t-I4-J0", rounds=2)["cumulative"]["worker-2"] == pytest.approx(0.0)
 
 
