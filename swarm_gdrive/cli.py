@@ -157,37 +157,25 @@ def summary_table(folder: str, experiment: str) -> str:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from swarm_gdrive.config import ConfigError, from_env
+    from swarm_gdrive.monitor import reader_config
     from swarm_gdrive.report import write_report
-    from swarm_gdrive.storage import storage_for
 
-    env = {"GDRIVE_PATH": args.folder} if args.folder else {}
-    if args.experiment:
-        env["EXPERIMENT_NAME"] = args.experiment
-    try:
-        config = from_env({**os.environ, **env, "NODE_ROLE": "coordinator"})  # a reader: no model, no tasks
-    except ConfigError as exc:
-        print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
+    config, storage = reader_config(args)
+    if config is None:
         return 2
-    files = write_report(storage_for(config), config.experiment_name, Path(args.out))
-    for file in files:
+    for file in write_report(storage, config.experiment_name, Path(args.out)):
         print(file)
     return 0
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from swarm_gdrive.analysis import compare, format_table
-    from swarm_gdrive.config import ConfigError, from_env
-    from swarm_gdrive.storage import storage_for
+    from swarm_gdrive.monitor import reader_config
 
-    env = {"GDRIVE_PATH": args.folder} if args.folder else {}
-    try:
-        config = from_env({**os.environ, **env, "NODE_ROLE": "coordinator"})
-    except ConfigError as exc:
-        print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
+    config, storage = reader_config(args)
+    if config is None:
         return 2
-    rows = compare(storage_for(config), args.experiments, args.baseline, args.rounds)
-    print(format_table(rows))
+    print(format_table(compare(storage, args.experiments, args.baseline, args.rounds)))
     return 0
 
 

@@ -459,12 +459,14 @@ def status_table(snapshot: Snapshot) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in lines)
 
 
-def _config(args: argparse.Namespace):
+def reader_config(args: argparse.Namespace):
+    """(config, storage) for a reading command (status, validate, report, compare) from ``--folder`` /
+    ``--experiment`` and the environment; (None, None) after printing a bad variable's error."""
     from swarm_gdrive.config import ConfigError, from_env
     from swarm_gdrive.storage import storage_for
 
     env = {"GDRIVE_PATH": args.folder} if args.folder else {}
-    if args.experiment:
+    if getattr(args, "experiment", None):
         env["EXPERIMENT_NAME"] = args.experiment
     try:
         config = from_env({**os.environ, **env, "NODE_ROLE": "coordinator"})  # a reader: no model, no tasks
@@ -475,7 +477,7 @@ def _config(args: argparse.Namespace):
 
 
 def status_main(args: argparse.Namespace) -> int:
-    config, storage = _config(args)
+    config, storage = reader_config(args)
     if config is None:
         return 2
     snapshot = load(storage, config.experiment_name, liveness_timeout=config.liveness_timeout)
@@ -488,7 +490,7 @@ def status_main(args: argparse.Namespace) -> int:
 
 
 def validate_main(args: argparse.Namespace) -> int:
-    config, storage = _config(args)
+    config, storage = reader_config(args)
     if config is None:
         return 2
     snapshot = load(storage, config.experiment_name)
