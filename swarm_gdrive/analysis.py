@@ -44,10 +44,13 @@ class Comparison:
         return self.eval_last - self.eval_first
 
 
-def cumulative_rewards(storage: Storage, experiment: str, rounds: int | None = None) -> dict[str, float]:
-    """Each worker's sum of per-round mean reward over rounds ``0..rounds-1`` (all rounds if None)."""
+def _rewards(storage: Storage, experiment: str) -> list[dict]:
+    return reward_rows(Exchange(storage, Layout(experiment), "analysis"))
+
+
+def _cumulative(rows: list[dict], rounds: int | None) -> dict[str, float]:
     per_node: dict[str, dict[int, list[float]]] = {}
-    for row in reward_rows(Exchange(storage, Layout(experiment), "analysis")):
+    for row in rows:
         per_node.setdefault(row["node"], {}).setdefault(row["round"], []).append(row["reward"])
     return {
         node: sum(statistics.fmean(v) for r, v in by_round.items() if rounds is None or r < rounds)
@@ -55,10 +58,18 @@ def cumulative_rewards(storage: Storage, experiment: str, rounds: int | None = N
     }
 
 
+def _completed(rows: list[dict]) -> int:
+    return len({row["round"] for row in rows})
+
+
+def cumulative_rewards(storage: Storage, experiment: str, rounds: int | None = None) -> dict[str, float]:
+    """Each worker's sum of per-round mean reward over rounds ``0..rounds-1`` (all rounds if None)."""
+    return _cumulative(_rewards(storage, experiment), rounds)
+
+
 def completed_rounds(storage: Storage, experiment: str) -> int:
     """Rounds for which at least one worker submitted a reward."""
-    rows = reward_rows(Exchange(storage, Layout(experiment), "analysis"))
-    return len({row["round"] for row in rows})
+    return _completed(_rewards(storage, experiment))
 
 
 def eval_mean(storage: Storage, experiment: str) -> tuple[float | None, float | None]:
@@ -111,13 +122,14 @@ def compare(
 ) -> list[Comparison]:
     """Every experiment (baseline included) against the baseline, over the rounds all of them completed."""
     names = [baseline] + [e for e in experiments if e != baseline]
-    common = min(completed_rounds(storage, e) for e in names)
+    rows = {name: _rewards(storage, name) for name in names}  # every reward file read once
+    common = min(_completed(r) for r in rows.values())
     rounds = common if rounds is None else min(rounds, common)
-    base = list(cumulative_rewards(storage, baseline, rounds).values())
+    base = list(_cumulative(rows[baseline], rounds).values())
     out = []
     for name in names:
         rng = random.Random(seed)
-        values = list(cumulative_rewards(storage, name, rounds).values())
+        values = list(_cumulative(rows[name], rounds).values())
         diff_ci = bootstrap_ci_difference(values, base, rng)
         first, last = eval_mean(storage, name)
         out.append(

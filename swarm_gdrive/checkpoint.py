@@ -150,8 +150,12 @@ def _prune(storage: Storage, layout: Layout, node_id: str, keep_last: int, keep:
     planted, would otherwise take the place of a good checkpoint that a later restart needs.
     """
     older = [r for r in _rounds(storage, layout, node_id) if r < keep]
-    whole = [r for r in older if _is_whole(storage, layout, node_id, r)]
-    kept = set(whole[-(keep_last - 1) :]) if keep_last > 1 else set()
+    kept: set[int] = set()
+    for round_ in reversed(older):  # newest first; a manifest is read only until enough whole ones are found
+        if len(kept) >= keep_last - 1:
+            break
+        if _is_whole(storage, layout, node_id, round_):
+            kept.add(round_)
     for round_ in older:
         if round_ in kept:
             continue

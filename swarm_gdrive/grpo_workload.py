@@ -28,7 +28,7 @@ from swarm_gdrive.records import RolloutGroup, TaskEval
 from swarm_gdrive.rewards import ANSWER_OPEN
 from swarm_gdrive.sapo import ScoredGroup, rng_for
 from swarm_gdrive.storage import Storage
-from swarm_gdrive.tasks import TaskBank, build_messages, parse_task_mix
+from swarm_gdrive.tasks import TaskBank, build_messages, parse_task_mix, question_rng
 from swarm_gdrive.trainer import PolicyTrainer, TrainGroup, TrainSettings, peak_memory_mb, pick_device
 from swarm_gdrive.workload import StageContext
 
@@ -109,11 +109,14 @@ class GRPOWorkload:
     # -- Workload --------------------------------------------------------------------------
 
     def generate(self, ctx: StageContext) -> Iterator[RolloutGroup]:
-        rng = rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="questions")
-        questions = self.bank.draw(self.config.num_train_samples, rng)
+        questions = self.bank.draw(
+            self.config.num_train_samples, question_rng(ctx.seed, ctx.node_id, ctx.round, ctx.stage)
+        )
         prefix = ANSWER_OPEN if self.config.answer_prefix else ""
         prefix_ids = self.trainer.tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
-        prompts = [self.trainer.prompt_ids(build_messages(q.question), prefix) for q in questions]
+        bare = [self.trainer.prompt_ids(build_messages(q.question)) for q in questions]  # what is trained on
+        # Generation tokenizes the prompt with the prefix attached (not bare + prefix_ids: the boundary may merge).
+        prompts = [self.trainer.prompt_ids(build_messages(q.question), prefix) for q in questions] if prefix else bare
         seed = rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="sampling").randrange(2**31)
         gen = self.trainer.generate(prompts, self.config.num_generations, seed)
         self._generation = {
@@ -123,11 +126,12 @@ class GRPOWorkload:
             "gen/peak_memory_mb": peak_memory_mb(self.device),
         }
         self._local_ids = {}
-        for i, (question, generated, ids) in enumerate(zip(questions, gen.texts, gen.token_ids, strict=True)):
+        for i, (question, prompt, generated, ids) in enumerate(
+            zip(questions, bare, gen.texts, gen.token_ids, strict=True)
+        ):
             group_id = f"r{ctx.round}-s{ctx.stage}-g{i}"
             # A forced prefix is part of the completion that is shared, scored and trained on.
             texts = [prefix + text for text in generated]
-            prompt = self.trainer.prompt_ids(build_messages(question.question))
             self._local_ids[group_id] = (prompt, [prefix_ids + c for c in ids])
             yield RolloutGroup(
                 group_id=group_id,

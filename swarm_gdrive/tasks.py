@@ -204,7 +204,6 @@ class TaskBank:
         self.specs = tuple(specs)
         self.dataset_seed = dataset_seed
         self._specs = {spec.name: spec for spec in self.specs}
-        self._config_keys = {spec.name: _canonical(spec.config) for spec in self.specs}
         self._weights = [spec.weight for spec in self.specs]
         self._datasets: dict[str, ProceduralDataset] = {}
         # Curriculum: the configs a task may take, easiest first (level 0 = the spec's own config).
@@ -217,6 +216,11 @@ class TaskBank:
             for spec in self.specs
         }
         self.current_level = dict.fromkeys(self._specs, 0)
+        # Canonical JSON of each level's config, for matching a peer group's provenance.
+        self._level_keys = {
+            name: [_canonical(self.level_config(name, i)) for i in range(len(levels))]
+            for name, levels in self.levels.items()
+        }
         self._level_datasets: dict[tuple[str, str], ProceduralDataset] = {}
         started = time.perf_counter()
         for spec in self.specs:
@@ -233,10 +237,6 @@ class TaskBank:
     def tasks(self) -> tuple[str, ...]:
         """The task names, in mix order."""
         return tuple(self._specs)
-
-    def dataset(self, task: str) -> ProceduralDataset:
-        """The dataset of one task of this bank."""
-        return self._datasets[task]
 
     def provenance_of(self, task: str, index: int, level: int | None = None) -> Provenance:
         """What names question ``index`` of ``task`` (at a curriculum level) on every node."""
@@ -324,11 +324,8 @@ class TaskBank:
         spec = self._specs.get(prov.dataset)
         if spec is None or group.task != prov.dataset:
             return None, f"task {prov.dataset!r} (group says {group.task!r}) is not in this node's mix"
-        known = [
-            i
-            for i in range(len(self.levels[spec.name]))
-            if _canonical(self.level_config(spec.name, i)) == _canonical(prov.config)
-        ]
+        claimed = _canonical(prov.config)
+        known = [i for i, key in enumerate(self._level_keys[spec.name]) if key == claimed]
         if not known:
             return None, f"config {prov.config} differs from this node's {spec.config}"
         if prov.seed != self.dataset_seed:

@@ -11,6 +11,7 @@ updates are not lost to bfloat16 weights.
 from __future__ import annotations
 
 import logging
+import math
 import resource
 import sys
 import time
@@ -81,21 +82,16 @@ def pick_device(requested: str, cpu_only: bool) -> torch.device:
 
 
 def ragged_advantages(rewards: list[list[float]], scale_rewards: str) -> list[list[float]]:
-    """:func:`grpo.group_advantages` for groups that may differ in size (nodes may use different G)."""
-    sizes = {len(r) for r in rewards}
-    if len(sizes) == 1:
-        return grpo.group_advantages(torch.tensor(rewards, dtype=torch.float32), scale_rewards).tolist()
-    if scale_rewards != "batch":
-        return [
-            grpo.group_advantages(torch.tensor([r], dtype=torch.float32), scale_rewards)[0].tolist() for r in rewards
-        ]
-    flat = torch.tensor([x for r in rewards for x in r], dtype=torch.float32)
-    std = grpo._nanstd(flat) if flat.numel() > 1 else torch.tensor(0.0)
-    out = []
-    for r in rewards:
-        row = torch.tensor(r, dtype=torch.float32)
-        out.append(torch.nan_to_num((row - torch.nanmean(row)) / (std + grpo.STD_EPSILON), nan=0.0).tolist())
-    return out
+    """:func:`grpo.group_advantages` for groups that may differ in size (nodes may use different G).
+
+    Short groups are padded with NaN, which group_advantages leaves out of every mean and std.
+    """
+    if not rewards:
+        return []
+    width = max(len(r) for r in rewards)
+    padded = torch.tensor([r + [math.nan] * (width - len(r)) for r in rewards], dtype=torch.float32)
+    advantages = grpo.group_advantages(padded, scale_rewards)
+    return [advantages[i, : len(r)].tolist() for i, r in enumerate(rewards)]
 
 
 def peak_memory_mb(device: torch.device) -> float:
