@@ -65,6 +65,7 @@ class Exchange:
         self._on_reject = on_reject
         self._newest_state: StateRecord | None = None
         self._cache: dict[str, tuple[tuple[int, float], object | None]] = {}
+        self._cached_rollouts: dict[int, set[str]] = {}  # round -> rollout paths in _cache (batches are large)
         self._rejected: dict[str, str] = {}
         self._cleaned_below = 0  # rounds below this hold none of this node's rollouts any more
         self.stats = {"reads": 0, "writes": 0, "lists": 0, "deletes": 0, "bytes_read": 0, "bytes_written": 0}
@@ -233,6 +234,9 @@ class Exchange:
         """Valid rollout batches of a stage by node id (of the nodes in ``only``, if given); a file is re-read only
         when it changed."""
         folder = self.layout.rollouts_stage_dir(round_, stage)
+        for old in [r for r in self._cached_rollouts if r < round_]:  # readers move forward: free older batches
+            for path in self._cached_rollouts.pop(old):
+                self._cache.pop(path, None)
         out: dict[str, RolloutBatch] = {}
         for info in self._list(folder):
             node_id = node_id_from_filename(info.name)
@@ -240,6 +244,7 @@ class Exchange:
                 continue
             if only is not None and node_id not in only:
                 continue
+            self._cached_rollouts.setdefault(round_, set()).add(f"{folder}/{info.name}")
             batch = self._read_cached(folder, info, RolloutBatch)
             if batch is not None and (batch.round, batch.stage) == (round_, stage):
                 out[node_id] = batch

@@ -533,13 +533,29 @@ class DriveStorage:
             self._forget_folder(src_parts)
 
     def _forget_folder(self, parts: list[str]) -> None:
-        """Drop cached ids at and under a folder that moved or vanished."""
+        """Drop what is cached at and under a folder that moved or vanished, and its parent's listing.
+
+        The rest of the cache stays: a node that removes an emptied round folder keeps its folder ids
+        and the content of its append-only logs, so its next flush is one upload, not a download.
+        """
+        key = tuple(parts)
+
+        def under(path: str) -> bool:
+            return tuple(self._parts(path))[: len(key)] == key
+
         with self._lock:
-            self._folders.clear()
-            self._listing.clear()
-            self._own.clear()
-            self._own_by_path.clear()
-            self._appended.clear()
+            gone = [k for k in self._folders if k[: len(key)] == key]
+            ids = {fid for k in gone for fid in self._folders[k][0]}
+            parent = self._folders.get(key[:-1])
+            parent_ids = parent[0] if parent else [self.root_folder_id] if len(key) == 1 else []
+            for k in gone:
+                del self._folders[k]
+            for folder_id in ids.union(parent_ids):  # the parent's listing still shows the folder
+                self._listing.pop(folder_id, None)
+                self._listed_at.pop(folder_id, None)
+            self._own = {k: e for k, e in self._own.items() if k[0] not in ids}
+            self._own_by_path = {p: e for p, e in self._own_by_path.items() if not under(p)}
+            self._appended = {p: d for p, d in self._appended.items() if not under(p)}
 
 
 def parse_drive_url(url: str) -> tuple[str, str]:

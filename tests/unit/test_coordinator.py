@@ -274,3 +274,17 @@ def test_reader_keeps_the_newest_state_when_an_older_one_reappears(tmp_path):
     assert reader.read_state().round == 5
     writer.write_state(state(6, seq=11))
     assert reader.read_state().round == 6
+
+
+def test_a_reader_frees_the_batches_of_rounds_it_has_moved_past(tmp_path):
+    from swarm_gdrive.records import RolloutBatch
+
+    run = "abcdef12"
+    storage, layout = LocalStorage(tmp_path), Layout("exp")
+    writer, reader = Exchange(storage, layout, "w1", run_id=run), Exchange(storage, layout, "w2", run_id=run)
+    for round_ in range(20):
+        batch = RolloutBatch(node_id="w1", run_id=run, round=round_, stage=0, groups=[], complete=True, created_at=1.0)
+        writer.write_rollouts(batch)
+        first = reader.read_rollouts(round_, 0)["w1"]
+        assert reader.read_rollouts(round_, 0)["w1"] is first  # within a round an unchanged file is not re-read
+    assert len(reader._cache) == 1  # not one parsed batch per round of the run

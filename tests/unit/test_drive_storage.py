@@ -188,3 +188,18 @@ def test_retries_exhausted_become_storage_unavailable_and_a_bounded_wait_rides_i
     emu.fail_next(2, 503, "backendError")
     value = wait_for(lambda: storage.read_bytes("s.json"), threading.Event(), 5.0, Backoff(0.01, 0.05))
     assert value == b"1"
+
+
+def test_removing_a_folder_forgets_only_what_was_under_it(emu):
+    storage = storage_for(emu)
+    storage.append_bytes("logs/n/metrics.jsonl", b"line 1\n")
+    storage.write_bytes("rollouts/round_0/stage_0/n.json", b"{}")
+    storage.delete("rollouts/round_0/stage_0/n.json")
+    assert storage.remove_empty_dir("rollouts/round_0/stage_0")
+    down = storage.counters["bytes_down"]
+    storage.append_bytes("logs/n/metrics.jsonl", b"line 2\n")
+    assert storage.counters["bytes_down"] == down  # the log's content was kept: the append is one upload
+    assert storage.read_bytes("logs/n/metrics.jsonl") == b"line 1\nline 2\n"
+    assert [f.name for f in storage.list("rollouts/round_0")] == []  # the parent's listing was refreshed
+    storage.write_bytes("rollouts/round_0/stage_0/n.json", b"[]")  # the folder is made again, not a stale id
+    assert storage.read_bytes("rollouts/round_0/stage_0/n.json") == b"[]"
