@@ -363,6 +363,9 @@ class Worker:
             rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="peers").shuffle(peers)
         expected = set(peers[:cap] if capped else peers)
         gathered = _Gathered()
+        # (node, group id) -> the group and its local re-score: a batch re-published after each generation
+        # (ROLLOUT_PUBLISH_FREQUENCY=generation) re-scores, and rejects, only the groups that are new or changed.
+        verdicts: dict[tuple[str, str], tuple[RolloutGroup, tuple[float, ...] | None]] = {}
 
         def poll() -> bool | None:
             only = expected if capped else None
@@ -372,7 +375,13 @@ class Worker:
                 gathered.batches[node] = batch
                 scored = []
                 for group in batch.groups:
+                    seen = verdicts.get((node, group.group_id))
+                    if seen is not None and seen[0] == group:
+                        if seen[1] is not None:
+                            scored.append(ScoredGroup(node, group, seen[1]))
+                        continue
                     rewards = self.workload.rescore(ctx, group)
+                    verdicts[(node, group.group_id)] = (group, rewards)
                     if rewards is None:
                         gathered.dropped += 1
                         self.log.event(
