@@ -19,8 +19,6 @@ from swarm_gdrive.records import decode as decode_record
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-WORKERS = ["w1", "w2", "w3"]
-
 
 def test_bursts_of_eio_and_enotconn_on_every_node_lose_nothing(tmp_path):
     injected = run_oserror_trial(tmp_path, seed=0)

@@ -19,8 +19,6 @@ from swarm_gdrive.tasks import (
     training_limit,
 )
 
-EASY = '{"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}'
-
 
 @pytest.fixture(scope="module")
 def bank() -> TaskBank:
