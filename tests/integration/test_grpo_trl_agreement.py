@@ -16,7 +16,6 @@ import transformers
 import trl
 
 from swarm_gdrive.grpo import LossConfig, group_advantages, grpo_loss, per_token_logps
-from swarm_gdrive.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -25,11 +24,6 @@ BATCH = 4  # sequences: 2 prompts x 2 generations
 MAX_COMPLETION_LENGTH = 8
 COMPLETION_LEN = 6  # < MAX_COMPLETION_LENGTH, so dr_grpo's constant differs from the batch's width
 METRICS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "kl")
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 class RecordingReward:

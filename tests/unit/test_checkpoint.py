@@ -32,28 +32,16 @@ from swarm_gdrive.checkpoint import (  # noqa: E402
 from swarm_gdrive.layout import Layout  # noqa: E402
 from swarm_gdrive.models import load_model_and_tokenizer  # noqa: E402
 from swarm_gdrive.storage.local import LocalStorage  # noqa: E402
-from swarm_gdrive.tiny_model import build_tiny_model  # noqa: E402
 
 CPU = torch.device("cpu")
 NODE = "node-a"
 LAYOUT = Layout("exp")
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 # --- fixtures and helpers -----------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Any:
-    """A tiny model gains nothing from threads, and OpenMP threads on busy cores make each op ~100x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 def load(folder: Path) -> tuple[Any, Any, torch.optim.Optimizer]:

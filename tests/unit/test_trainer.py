@@ -29,21 +29,10 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 VARIED_REWARDS = [[1.0, 0.0, 0.25], [0.0, 0.0, 1.0, 1.0], [0.25, 0.75]]  # no reward equals its group's mean
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 # --- fixtures -----------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Any:
-    """A tiny model gains nothing from threads, and OpenMP threads on busy cores make each op ~100x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="module")
