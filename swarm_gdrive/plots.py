@@ -49,9 +49,14 @@ def _finish(ax: Axes, title: str, xlabel: str, ylabel: str, legend_title: str | 
         ax.legend(title=legend_title, fontsize="small")
 
 
+def _worker_nodes(snapshot: Snapshot) -> set[str]:
+    """Nodes that are workers, or that submitted rewards or rollouts as one."""
+    return set(snapshot.workers()) | set(snapshot.rewards["node"]) | set(snapshot.rollouts_per_round["node"])
+
+
 def node_colors(snapshot: Snapshot) -> dict[str, str]:
     """A stable color per node (workers first, sorted), shared by every figure of the snapshot."""
-    nodes = sorted(set(snapshot.workers()) | set(snapshot.rewards["node"]) | set(snapshot.rollouts_per_round["node"]))
+    nodes = sorted(_worker_nodes(snapshot))
     nodes += sorted(set(snapshot.peers["node"]) - set(nodes))
     return {node: f"C{i % 10}" for i, node in enumerate(nodes)}
 
@@ -59,6 +64,12 @@ def node_colors(snapshot: Snapshot) -> dict[str, str]:
 def _per_round_reward(snapshot: Snapshot) -> pd.DataFrame:
     """Mean reward (over stages) per round x node."""
     return snapshot.rewards.groupby(["round", "node"])["reward"].mean().unstack("node").sort_index()
+
+
+def _reward_figure(snapshot: Snapshot) -> tuple[Figure, Axes, pd.DataFrame, dict[str, str]]:
+    """A new figure and its axes, the reward per round x node, and the node colors (rewards not empty)."""
+    fig = Figure(figsize=FIGSIZE)
+    return fig, fig.subplots(), _per_round_reward(snapshot), node_colors(snapshot)
 
 
 def _metric(snapshot: Snapshot, key: str) -> pd.DataFrame:
@@ -78,10 +89,7 @@ def reward_per_round(snapshot: Snapshot, window: int = ROLLING) -> Figure:
     title = "Training reward per round"
     if snapshot.rewards.empty:
         return _no_data(title)
-    colors = node_colors(snapshot)
-    fig = Figure(figsize=FIGSIZE)
-    ax = fig.subplots()
-    per_round = _per_round_reward(snapshot)
+    fig, ax, per_round, colors = _reward_figure(snapshot)
     for node in per_round.columns:
         series = per_round[node].dropna()
         color = colors.get(node)
@@ -98,10 +106,7 @@ def cumulative_reward(snapshot: Snapshot) -> Figure:
     title = "Cumulative training reward"
     if snapshot.rewards.empty:
         return _no_data(title)
-    colors = node_colors(snapshot)
-    fig = Figure(figsize=FIGSIZE)
-    ax = fig.subplots()
-    per_round = _per_round_reward(snapshot)
+    fig, ax, per_round, colors = _reward_figure(snapshot)
     for node in per_round.columns:
         series = per_round[node].dropna().cumsum()
         ax.plot(series.index, series.values, marker=".", color=colors.get(node), label=node)
@@ -115,10 +120,7 @@ def swarm_reward_spread(snapshot: Snapshot) -> Figure:
     title = "Swarm reward: mean +- std, min/max"
     if snapshot.rewards.empty:
         return _no_data(title)
-    colors = node_colors(snapshot)
-    fig = Figure(figsize=FIGSIZE)
-    ax = fig.subplots()
-    per_round = _per_round_reward(snapshot)
+    fig, ax, per_round, colors = _reward_figure(snapshot)
     mean, std = per_round.mean(axis=1), per_round.std(axis=1, ddof=0).fillna(0.0)
     x = per_round.index
     ax.fill_between(x, mean - std, mean + std, color="tab:blue", alpha=0.2, label="mean +- std")
@@ -273,8 +275,7 @@ def filter_nodes(snapshot: Snapshot, nodes: Iterable[str]) -> Snapshot:
     workers (the coordinator's metrics, e.g. ``swarm/live_workers``) are kept, and so are the peers (node
     colors stay the same whatever the filter)."""
     keep = set(nodes)
-    workers = set(snapshot.workers()) | set(snapshot.rewards["node"]) | set(snapshot.rollouts_per_round["node"])
-    drop = workers - keep
+    drop = _worker_nodes(snapshot) - keep
 
     def keep_rows(df: pd.DataFrame) -> pd.DataFrame:
         if df.empty or "node" not in df.columns:
