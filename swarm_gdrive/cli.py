@@ -207,16 +207,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="VARIABLE=value",
         help="override a node variable, e.g. --set EVAL_SAMPLES=16 (repeatable)",
     )
+    from swarm_gdrive.monitor import add_reader_arguments, add_status_parser, add_validate_parser
+
     report = sub.add_parser("report", help="CSVs, PNG plots and an HTML page of an experiment (reads only)")
     report.add_argument("--out", required=True, help="folder to write the report into")
-    report.add_argument("--folder", help="the shared folder (default: GDRIVE_PATH)")
-    report.add_argument("--experiment", help="experiment name (default: EXPERIMENT_NAME)")
+    add_reader_arguments(report)
     comp = sub.add_parser("compare", help="configurations of a study against a baseline (cumulative reward, eval)")
     comp.add_argument("experiments", nargs="+", help="experiment names in the shared folder")
     comp.add_argument("--baseline", required=True, help="the experiment every other one is compared with")
     comp.add_argument("--rounds", type=int, help="compare over the first N rounds (default: all common rounds)")
     comp.add_argument("--folder", help="the shared folder (default: GDRIVE_PATH)")
-    from swarm_gdrive.monitor import add_status_parser, add_validate_parser
 
     add_status_parser(sub)
     add_validate_parser(sub)

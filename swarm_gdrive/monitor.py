@@ -504,14 +504,15 @@ def validate_main(args: argparse.Namespace) -> int:
     return 0 if not failed else 1
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def add_reader_arguments(parser: argparse.ArgumentParser) -> None:
+    """--folder and --experiment, which :func:`reader_config` reads."""
     parser.add_argument("--folder", help="the shared folder (default: GDRIVE_PATH)")
     parser.add_argument("--experiment", help="experiment name (default: EXPERIMENT_NAME)")
 
 
 def add_status_parser(sub) -> argparse.ArgumentParser:
     parser = sub.add_parser("status", help="the experiment now: workers, heartbeats, rewards, findings (reads only)")
-    _common(parser)
+    add_reader_arguments(parser)
     return parser
 
 
@@ -520,7 +521,7 @@ def add_validate_parser(sub) -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, required=True, help="rounds the run should have completed")
     parser.add_argument("--nodes", type=int, required=True, help="workers that should have registered")
     parser.add_argument("--transplants", type=int, default=0, help="J: also check rollouts and external groups")
-    _common(parser)
+    add_reader_arguments(parser)
     return parser
 
 
