@@ -13,7 +13,7 @@ from swarm_gdrive.config import env_fields
 from swarm_gdrive.exchange import Exchange
 from swarm_gdrive.layout import Layout
 from swarm_gdrive.procs import NodeProcess, stop_all
-from swarm_gdrive.storage import LocalStorage
+from swarm_gdrive.storage import LocalStorage, Storage
 
 
 def _cmd_run(_args: argparse.Namespace) -> int:
@@ -120,7 +120,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         stop_all(nodes)
         raise
     print(f"demo: finished in {time.monotonic() - started:.1f} s; exit codes {codes}")
-    print(summary_table(folder, args.experiment))
+    print(summary_table(LocalStorage(folder), args.experiment))
     print(f"the experiment folder is kept for the monitor: {Path(folder) / 'experiments' / args.experiment}")
     return 0 if all(code == 0 for code in codes.values()) else 1
 
@@ -139,10 +139,10 @@ def _progress_sink(line: str) -> None:
         print(line, flush=True)
 
 
-def summary_table(folder: str, experiment: str) -> str:
+def summary_table(storage: Storage, experiment: str) -> str:
     """Reward per worker per round, with external groups used, from the experiment's reward files."""
     layout = Layout(experiment)
-    exchange = Exchange(LocalStorage(folder), layout, "summary")
+    exchange = Exchange(storage, layout, "summary")
     state = exchange.read_state()
     rounds = range(state.round if state else 0)
     rows: dict[str, dict[int, str]] = {}

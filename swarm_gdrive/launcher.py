@@ -11,11 +11,12 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping
+from typing import Any
 
 from swarm_gdrive import logctx
 from swarm_gdrive.config import Config, ConfigError, from_env
 from swarm_gdrive.coordinator import Coordinator, ExperimentMismatchError
-from swarm_gdrive.identity import IdentityError, claim_identity
+from swarm_gdrive.identity import Identity, IdentityError, claim_identity
 from swarm_gdrive.models import ModelNotFoundError
 from swarm_gdrive.storage import Storage, StorageError, storage_for
 from swarm_gdrive.worker import Worker
@@ -26,8 +27,12 @@ logger = logging.getLogger(__name__)
 EXIT_BAD_INPUT = 2
 
 
-def install_signal_handlers(stop: threading.Event) -> None:
-    """SIGTERM and the first Ctrl-C ask for a clean stop; a second Ctrl-C interrupts at once."""
+def install_signal_handlers(stop: threading.Event) -> dict[int, Any]:
+    """SIGTERM and the first Ctrl-C ask for a clean stop; a second Ctrl-C interrupts at once.
+
+    Returns the handlers they replaced, for :func:`restore_signal_handlers`: a node run inside a
+    notebook's kernel must leave the kernel's own Ctrl-C handling as it found it.
+    """
 
     def on_signal(signum: int, _frame: object) -> None:
         if stop.is_set() and signum == signal.SIGINT:
@@ -35,8 +40,12 @@ def install_signal_handlers(stop: threading.Event) -> None:
         logger.warning("received %s: finishing the current step, flushing, then stopping", signal.Signals(signum).name)
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    return {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+
+def restore_signal_handlers(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def make_workload(config: Config, storage: Storage, node_id: str, stop: threading.Event) -> Workload:
@@ -66,8 +75,16 @@ def run_node(environ: Mapping[str, str] | None = None, stop: threading.Event | N
         return EXIT_BAD_INPUT
     logctx.set_node(identity.node_id)
     stop = stop or threading.Event()
+    previous_handlers: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
-        install_signal_handlers(stop)
+        previous_handlers = install_signal_handlers(stop)
+    try:
+        return _run_role(config, identity, stop)
+    finally:
+        restore_signal_handlers(previous_handlers)
+
+
+def _run_role(config: Config, identity: Identity, stop: threading.Event) -> int:
     logger.info("resolved configuration: %s", config.describe())
     try:
         storage = storage_for(config)

@@ -8,11 +8,13 @@ several workers on one device, and show what the monitor, the report and the ana
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from swarm_gdrive.procs import NodeProcess, stop_all
@@ -96,18 +98,38 @@ def run_node_here(env: Mapping[str, str]) -> int:
             done.set()
 
     thread = threading.Thread(target=target, name=f"node-{env.get('NODE_ROLE', 'worker')}", daemon=True)
-    thread.start()
-    try:
-        while not done.wait(0.2):
-            pass
-    except KeyboardInterrupt:
-        print("interrupted: the node finishes its current step, flushes, then stops", flush=True)
-        stop.set()
-        while not done.wait(0.2):
-            pass
+    with _ctrl_c_raises():
+        thread.start()
+        try:
+            while not done.wait(0.2):
+                pass
+        except KeyboardInterrupt:
+            print("interrupted: the node finishes its current step, flushes, then stops", flush=True)
+            stop.set()
+            while not done.wait(0.2):
+                pass
     code = result.get("code", 1)
     print(f"node stopped, {describe_exit(code)}", flush=True)
     return code
+
+
+@contextlib.contextmanager
+def _ctrl_c_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt in the main thread while the block runs, whatever handler it found.
+
+    The stop button interrupts the kernel with SIGINT, which only becomes a KeyboardInterrupt under
+    ``signal.default_int_handler``. A process started with SIGINT ignored (a background job of a
+    shell script), or a kernel where earlier code installed its own handler, would otherwise never
+    see the stop.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
 # -- swarms of processes ----------------------------------------------------------------------
@@ -264,7 +286,7 @@ def show_summary(gdrive_path: str, experiment: str) -> str:
     """Print the reward per worker per round (with external groups used), as the demo does."""
     from swarm_gdrive.cli import summary_table
 
-    table = summary_table(gdrive_path, experiment)
+    table = summary_table(_storage(gdrive_path), experiment)
     print(table)
     return table
 

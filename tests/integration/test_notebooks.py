@@ -234,33 +234,64 @@ def test_multi_node_one_gpu_notebook_trains_workers_on_one_device(tmp_path, tiny
     assert {p.stem for p in rewards} == {"worker-1", "worker-2"}
 
 
-def test_the_stop_button_stops_an_in_kernel_node_cleanly(tmp_path):
+def _in_process_swarm(drive: Path, local: Path) -> int:
+    """A coordinator run in this (main) thread and a worker in another, one synthetic round: the
+    coordinator's run_node installs its SIGTERM/SIGINT handlers here, as a node run in a kernel cell does."""
+    from swarm_gdrive import notebook
+    from swarm_gdrive.launcher import run_node
+
+    env = notebook.node_env(str(drive), "before", extra=FAST, WORKLOAD="synthetic", MAX_ROUNDS=1)
+    env["SWARM_LOCAL_DIR"] = str(local)
+    worker_code: dict[str, int] = {}
+    worker = threading.Thread(
+        target=lambda: worker_code.setdefault("code", run_node({**env, "NODE_ROLE": "worker", "NODE_ID": "w"}))
+    )
+    worker.start()
+    code = run_node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"})
+    worker.join(60)
+    assert worker_code.get("code") == 0
+    return code
+
+
+@pytest.mark.parametrize("inherited", ["ignored", "default", "python"])
+def test_the_stop_button_stops_an_in_kernel_node_cleanly(tmp_path, inherited):
     """run_node_here (coordinator.ipynb, worker.ipynb): a KeyboardInterrupt, as Colab's stop button sends,
-    makes the node flush and return 0."""
+    makes the node flush and return 0, whatever SIGINT disposition the process started with (a background
+    job of a shell starts with SIGINT ignored) and after a node already ran in this thread."""
     import _thread
+    import signal
     import time
 
     from swarm_gdrive import notebook
 
-    drive = tmp_path / "drive"
-    drive.mkdir()
-    env = notebook.node_env(
-        str(drive),
-        "stop",
-        extra=FAST,
-        WORKLOAD="synthetic",
-        MIN_WORKERS=1,  # no worker ever comes: the coordinator waits until stopped
-        NODE_ROLE="coordinator",
-        NODE_ID="coordinator",
-        SWARM_LOCAL_DIR=str(tmp_path / "local"),
-    )
-    timer = threading.Timer(2.0, _thread.interrupt_main)
-    timer.start()
-    started = time.monotonic()
+    start_with = {"ignored": signal.SIG_IGN, "default": signal.SIG_DFL, "python": signal.default_int_handler}
+    outer = signal.signal(signal.SIGINT, start_with[inherited])
     try:
-        code = notebook.run_node_here(env)
+        drive = tmp_path / "drive"
+        drive.mkdir()
+        assert _in_process_swarm(drive, tmp_path / "local-before") == 0
+        assert signal.getsignal(signal.SIGINT) is start_with[inherited]  # run_node put back what it found
+
+        env = notebook.node_env(
+            str(drive),
+            "stop",
+            extra=FAST,
+            WORKLOAD="synthetic",
+            MIN_WORKERS=1,  # no worker ever comes: the coordinator waits until stopped
+            NODE_ROLE="coordinator",
+            NODE_ID="coordinator",
+            SWARM_LOCAL_DIR=str(tmp_path / "local"),
+        )
+        timer = threading.Timer(2.0, _thread.interrupt_main)
+        timer.start()
+        started = time.monotonic()
+        try:
+            code = notebook.run_node_here(env)
+        finally:
+            timer.cancel()
+        assert signal.getsignal(signal.SIGINT) is start_with[inherited]
     finally:
-        timer.cancel()
+        signal.signal(signal.SIGINT, outer)
     assert code == 0
     assert time.monotonic() - started < 20
     assert (drive / "experiments" / "stop" / "experiment.json").exists()
