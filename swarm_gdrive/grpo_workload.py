@@ -102,6 +102,7 @@ class GRPOWorkload:
         self._local_ids: dict[str, tuple[list[int], list[list[int]]]] = {}
         self._generation: dict[str, float] = {}
         self._last_checkpoint: int | None = None
+        self._checkpointed_at = time.monotonic()  # the model is the one loaded (or restored) until it trains
         self.restored_digest: str | None = None
         self.trained_or_restored = False
         self._last_push: int | None = None
@@ -283,7 +284,8 @@ class GRPOWorkload:
         return round_
 
     def end_round(self, round_: int, final: bool) -> dict[str, float]:
-        """Checkpoint every CHECKPOINT_INTERVAL rounds and at the end; push to the Hub when due.
+        """Checkpoint every CHECKPOINT_INTERVAL rounds, when CHECKPOINT_MINUTES have passed since the
+        last one, and at the end; push to the Hub when due.
 
         Nothing is saved or pushed by a process that neither trained nor restored a model: its
         weights would be the untrained ones, mislabelled with the round.
@@ -293,7 +295,9 @@ class GRPOWorkload:
             self.trained_or_restored = True
         if not self.trained_or_restored:
             return metrics
-        due = (round_ + 1) % self.config.checkpoint_interval == 0 or final
+        minutes = self.config.checkpoint_minutes
+        overdue = minutes > 0 and time.monotonic() - self._checkpointed_at >= minutes * 60
+        due = (round_ + 1) % self.config.checkpoint_interval == 0 or overdue or final
         if due and self._last_checkpoint != round_:
             started = time.monotonic()
             checkpoint.save(
@@ -308,6 +312,7 @@ class GRPOWorkload:
                 extra={"curriculum": dict(self.bank.current_level)},
             )
             self._last_checkpoint = round_
+            self._checkpointed_at = time.monotonic()
             metrics["checkpoint/seconds"] = time.monotonic() - started
         token = self.config.huggingface_access_token
         due_push = (round_ + 1) % self.config.hub_push_interval == 0 or final

