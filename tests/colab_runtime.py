@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import json
@@ -309,12 +308,3 @@ def images(nb: dict) -> int:
 def widget_states(nb: dict) -> dict[str, dict]:
     """The saved state of every widget of the executed notebook, by model id."""
     return nb.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
-
-
-@contextlib.contextmanager
-def timed(label: str, sink: dict[str, float]) -> object:
-    started = time.monotonic()
-    try:
-        yield
-    finally:
-        sink[label] = time.monotonic() - started

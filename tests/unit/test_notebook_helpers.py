@@ -175,3 +175,36 @@ def test_readers_take_the_environment_or_a_path(tmp_path):
     assert config.experiment_name == "b" and storage.describe() == f"local folder {tmp_path}"
     config, _ = notebook.reader(str(tmp_path))
     assert config.gdrive_path == str(tmp_path)
+
+
+@pytest.fixture
+def standin_colab(tmp_path, monkeypatch):
+    """The stand-in google.colab importable in this process (tests/colab_standin), with its own secrets."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "colab_standin"))
+    for name in [m for m in sys.modules if m == "google.colab" or m.startswith("google.colab.")]:
+        monkeypatch.delitem(sys.modules, name)
+    secrets = tmp_path / "secrets.json"
+    secrets.write_text(json.dumps({"HF_TOKEN": " hf_secret ", "DENIED": None, "EMPTY": ""}))
+    monkeypatch.setenv("COLAB_STANDIN_SECRETS", str(secrets))
+    monkeypatch.setenv("COLAB_STANDIN_CALLS", str(tmp_path / "calls.jsonl"))
+    monkeypatch.setenv("COLAB_STANDIN_ROOT", str(tmp_path))
+    yield tmp_path
+    for name in [m for m in sys.modules if m == "google.colab" or m.startswith("google.colab.")]:
+        del sys.modules[name]
+
+
+def test_the_hub_token_comes_from_colab_secrets_and_says_why_when_it_cannot(standin_colab, capsys):
+    assert notebook.in_colab()
+    assert notebook.hub_token_env("HF_TOKEN") == {"HUGGINGFACE_ACCESS_TOKEN": "hf_secret"}
+    assert notebook.hub_token_env("") == {}  # no secret named: no Hub, and Colab is not asked
+    assert notebook.hub_token_env("MISSING") == {} and notebook.hub_token_env("DENIED") == {}
+    assert notebook.hub_token_env("EMPTY") == {}
+    out = capsys.readouterr().out
+    assert "hf_secret" not in out
+    assert "Hub: token taken from the Colab secret 'HF_TOKEN'" in out
+    assert "no token (SecretNotFoundError)" in out and "add a secret named 'MISSING'" in out
+    assert "no token (NotebookAccessError)" in out and "grant this notebook access to the secret 'DENIED'" in out
+    assert "the Colab secret 'EMPTY' is empty" in out
+    asked = [json.loads(line)["key"] for line in (standin_colab / "calls.jsonl").read_text().splitlines()]
+    assert asked == ["HF_TOKEN", "MISSING", "DENIED", "EMPTY"]
+    assert notebook.flush_drive(str(standin_colab / "content" / "drive")) is False  # in Colab, but nothing mounted
