@@ -105,7 +105,7 @@ else:
         f"copy the swarm-gdrive repository folder to your Drive (e.g. {DRIVE_MOUNT}/MyDrive/swarm-gdrive) and set "
         "PACKAGE_SOURCE to it, or to the wheel `pip wheel --no-deps .` builds, or to a git URL (git+https://...)"
     )
-    parts = ("setup.py", "requirements.txt", os.path.join("swarm_gdrive", "__init__.py"))
+    parts = ("setup.py", "requirements.txt", "README.md", os.path.join("swarm_gdrive", "__init__.py"))
     remote = source.startswith(("git+", "http://", "https://"))
     if not source or "YOUR-" in source or "<" in source:
         raise ValueError(f"PACKAGE_SOURCE={PACKAGE_SOURCE!r} is a placeholder: {fix}")
@@ -116,12 +116,12 @@ else:
     if os.path.isdir(source) and not all(os.path.isfile(os.path.join(source, p)) for p in parts):
         raise ValueError(
             f"PACKAGE_SOURCE={source!r} is a folder but not the swarm-gdrive repository (it lacks setup.py, "
-            "requirements.txt or swarm_gdrive/): set PACKAGE_SOURCE to the folder that holds setup.py"
+            "requirements.txt, README.md or swarm_gdrive/): set PACKAGE_SOURCE to the folder that holds setup.py"
         )
     if os.path.isfile(source) and not source.endswith(".whl"):
         raise ValueError(f"PACKAGE_SOURCE={source!r} is a file but not a wheel (.whl): {fix}")
     # The source as it is now (names, sizes, times): re-running this cell on an unchanged source installs nothing.
-    files = [] if remote else [source] if os.path.isfile(source) else [os.path.join(source, p) for p in parts[:2]]
+    files = [] if remote else [source] if os.path.isfile(source) else [os.path.join(source, p) for p in parts[:3]]
     if os.path.isdir(source):
         files += [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(source, "swarm_gdrive")) for f in fs]
     top = os.path.dirname(source.rstrip("/"))
