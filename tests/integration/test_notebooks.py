@@ -1,19 +1,47 @@
-"""Every Colab notebook in notebooks/ executed headless with papermill, on a temporary folder, fast parameters."""
+"""Every notebook in notebooks/ executed headless with papermill, the way Colab would run it, on fast parameters.
+
+Colab runtimes (tests/colab_runtime.py): a Colab-like venv that holds Colab's preinstalled packages
+(ipywidgets 7.7.1, transformers 4.57, pandas 2.2, ...) but not swarm_gdrive, and the stand-in google.colab
+(tests/colab_standin) in the kernel. Each notebook runs from its first cell: parameters, connect (the stand-in
+mounts the test's Drive folder, or signs in), install (from the repository folder or its wheel, placed in that
+Drive), then the nodes and readers. API mode runs against the Drive emulator, which accepts only the sign-in's
+token. One test runs a notebook in this environment's own kernel, as a local Jupyter would (nothing installed,
+nothing mounted). The synthetic workload or the tiny model keeps them fast.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
+import papermill  # the test extra installs it: a missing one fails here, it is not skipped
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from colab_runtime import (  # noqa: E402
+    NOTEBOOKS,
+    ColabEnvironment,
+    ColabRuntime,
+    build_wheel,
+    cell_output,
+    colab_environment,
+    copy_repository,
+    images,
+    output_text,
+    widget_states,
+)
+from colab_runtime import tiny_model as colab_tiny_model  # noqa: E402
+from drive_emulator import DriveEmulator  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-papermill = pytest.importorskip("papermill")
-pytest.importorskip("ipykernel")
-
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+#: A cold build of the Colab-like venv (no cache yet) takes minutes; the tests that need it get this much.
+COLD_BUILD = pytest.mark.timeout(900)
 
 #: Fast protocol settings for every node.
 FAST = {
@@ -26,60 +54,395 @@ FAST = {
     "COORDINATOR_WAIT_TIMEOUT": "60",
     "SYNTHETIC_STEP_SECONDS": "0.05",
 }
+#: The Hugging Face token a user keeps in Colab's secrets: it must reach the node and nowhere else.
+HF_SECRET = "hf_colabSecretThatMustNeverBePrinted42"
+SIGN_IN_TOKEN = "colab-sign-in-access-token"
 
 
-def execute(name: str, out_dir: Path, **parameters) -> dict:
-    """Run notebooks/``name`` with ``parameters``; returns the executed notebook (raises if a cell failed)."""
-    out = out_dir / name
-    papermill.execute_notebook(
-        str(NOTEBOOKS / name),
-        str(out),
-        parameters=parameters,
-        kernel_name="python3",
-        cwd=str(out_dir),
-        progress_bar=False,
-        execution_timeout=120,
+@pytest.fixture(scope="session")
+def colab(tmp_path_factory) -> ColabEnvironment:
+    """This session's Colab-like environment (a copy of the cached build; built first when missing)."""
+    return colab_environment(tmp_path_factory.mktemp("colab-env") / "venv")
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("wheel")
+    return build_wheel(base / "dist", base)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(colab, tmp_path_factory) -> str:
+    """The tiny model, saved by the Colab-like environment's transformers (4.57), which loads it."""
+    return str(colab_tiny_model(colab, tmp_path_factory.mktemp("tiny-model") / "model"))
+
+
+def storage_params(runtime: ColabRuntime, source: str, storage: str = "mount") -> dict:
+    """The connect and install parameters of a notebook in ``runtime``: paths as its mount names them."""
+    return {
+        "STORAGE": storage,
+        "GDRIVE_PATH": str(runtime.my_drive / "rl-swarm"),
+        "PACKAGE_SOURCE": str(runtime.my_drive / source),
+    }
+
+
+def in_background(fn, *args, **kwargs) -> tuple[threading.Thread, dict]:
+    """Run ``fn`` in a thread; the returned dict gets its ``result`` or its ``error``."""
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the test
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def wait_for(condition, timeout: float, what: str, box: dict) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if "error" in box:
+            raise box["error"]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout} s")
+        time.sleep(0.2)
+
+
+def finish(thread: threading.Thread, box: dict, timeout: float = 240) -> dict:
+    thread.join(timeout)
+    assert not thread.is_alive(), "the notebook did not finish"
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def files_under(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# -- mount mode: two runtimes, the package from the repository folder in Drive -----------------
+
+
+@COLD_BUILD
+def test_coordinator_and_worker_in_two_colab_runtimes_install_from_the_drive_folder(colab, tmp_path):
+    """Mount mode, as the README's quick start: the repository folder copied to My Drive is the package source.
+    It installs without upgrading any package Colab ships and without writing into the Drive; the worker's Hub
+    token comes from Colab's secrets into its environment only; each runtime flushes and unmounts Drive after
+    the last cell that reads it."""
+    drive = tmp_path / "drive"
+    repository = copy_repository(drive / "MyDrive" / "swarm-gdrive")
+    now = time.time()
+    os.utime(repository / "setup.py", (now, now))  # a source this session has not installed yet: installed here
+    before = files_under(repository)
+    coordinator_rt = ColabRuntime(colab, tmp_path / "coordinator-runtime", drive)
+    worker_rt = ColabRuntime(colab, tmp_path / "worker-runtime", drive, secrets={"HF_TOKEN": HF_SECRET})
+    common = {"EXPERIMENT_NAME": "pair", "WORKLOAD": "synthetic", "MAX_ROUNDS": 2, "NUM_TRANSPLANT_TREES": 0}
+    common["EXTRA_ENV"] = FAST
+    experiment = drive / "MyDrive" / "rl-swarm" / "experiments" / "pair"
+
+    thread, box = in_background(
+        coordinator_rt.execute,
+        "coordinator.ipynb",
+        MIN_WORKERS=1,
+        SWARM_LOCAL_DIR=str(coordinator_rt.root / "local"),
+        **storage_params(coordinator_rt, "swarm-gdrive"),
+        **common,
     )
-    return json.loads(out.read_text())
+    wait_for((experiment / "experiment.json").exists, 240, "the coordinator's install and start", box)
+    worker = worker_rt.execute(
+        "worker.ipynb",
+        NODE_ID="worker-1",
+        DEVICE="cpu",
+        HF_TOKEN_SECRET="HF_TOKEN",
+        SWARM_LOCAL_DIR=str(worker_rt.root / "local"),
+        **storage_params(worker_rt, "swarm-gdrive"),
+        **common,
+    )
+    coordinator = finish(thread, box)
+
+    assert "node stopped, exit code 0" in output_text(coordinator)
+    assert "node stopped, exit code 0" in output_text(worker)
+    state = json.loads((experiment / "state" / "current_state.json").read_text())
+    assert (state["status"], state["round"]) == ("finished", 2)
+    assert "worker-1" in cell_output(coordinator, "notebook.show_summary(env)")  # the reward table, before unmount
+
+    # Installed from the Drive folder; the second runtime found it installed from the same, unchanged source.
+    source = coordinator_rt.my_drive / "swarm-gdrive"
+    assert f"installed swarm-gdrive 0.1.0 from {source}" in cell_output(coordinator, "#@title Install")
+    assert "is already installed from" in cell_output(worker, "#@title Install")
+    installed = colab.installed()
+    assert installed["swarm-gdrive"] == "0.1.0" and "reasoning-gym" in installed and "gguf" in installed
+    assert colab.changed_preinstalled() == {}  # ipywidgets 7.7.1, transformers, pandas, ... as Colab shipped them
+    assert files_under(repository) == before  # no build/, no *.egg-info written into the user's Drive
+
+    # The Hub token: from the worker runtime's secrets into its node's configuration, printed nowhere.
+    assert "Hub: token taken from the Colab secret 'HF_TOKEN'" in output_text(worker)
+    assert "'HUGGINGFACE_ACCESS_TOKEN': '<set>'" in output_text(worker)  # the node's resolved configuration
+    assert "'HUGGINGFACE_ACCESS_TOKEN': '<unset>'" in output_text(coordinator)
+    executed = [p for runtime in (coordinator_rt, worker_rt) for p in (runtime.root / "work").glob("*.ipynb")]
+    assert len(executed) == 2 and not any(HF_SECRET in p.read_text() for p in executed)
+    assert [c["key"] for c in worker_rt.calls("userdata.get")] == ["HF_TOKEN"]
+
+    # Each runtime mounted Drive, then flushed and unmounted it as its last step.
+    for runtime in (coordinator_rt, worker_rt):
+        assert [c["mountpoint"] for c in runtime.calls("drive.mount")] == [str(runtime.mount)]
+        assert [c["mounted"] for c in runtime.calls("drive.flush_and_unmount")] == [[str(runtime.mount)]]
+        assert runtime.calls()[-1]["call"] == "drive.flush_and_unmount" and not runtime.mount.exists()
+        assert runtime.calls("auth.authenticate_user") == []  # mount mode: no sign-in to the API
+    assert "Drive: pending writes flushed" in cell_output(coordinator, "notebook.flush_drive(DRIVE_MOUNT)")
 
 
-def output_text(nb: dict) -> str:
-    """Every text the executed notebook showed: streams, results, displayed Markdown."""
-    parts = []
-    for cell in nb["cells"]:
-        for output in cell.get("outputs", []):
-            if "text" in output:
-                parts.append("".join(output["text"]))
-            for mime in ("text/plain", "text/markdown"):
-                if mime in output.get("data", {}):
-                    parts.append("".join(output["data"][mime]))
-    return "\n".join(parts)
+# -- API mode: sign in, every request carries the sign-in's token -------------------------------
 
 
-WIDGET = "application/vnd.jupyter.widget-view+json"
+def drive_storage(emu: DriveEmulator, prefix: str):
+    """A reader of the emulator's My Drive/``prefix`` with a token of its own (the emulator refuses anonymous calls)."""
+    from google.oauth2.credentials import Credentials
+    from googleapiclient.discovery import build_from_document
+
+    from swarm_gdrive.storage.drive import DriveStorage
+
+    emu.accept_token("test-reader")
+    service = build_from_document(emu.discovery_document(), credentials=Credentials(token="test-reader"))
+    return DriveStorage(emu.my_drive_id, prefix, service=service)
 
 
-def images(nb: dict) -> int:
-    return sum("image/png" in o.get("data", {}) for c in nb["cells"] for o in c.get("outputs", []))
+@COLD_BUILD
+def test_api_mode_signs_in_and_the_nodes_and_readers_use_the_drive_api(colab, wheel, tmp_path):
+    """STORAGE=api in three runtimes (coordinator, worker, monitoring): each signs in through Colab, the shared
+    folder named as on the mount (My Drive/rl-swarm) is reached through the API, every request carries the
+    sign-in's token (the emulator answers 401 to any other), nothing is written through the mount (which only
+    serves PACKAGE_SOURCE, a wheel), and the monitoring notebook's status, report and dashboard read the API."""
+    from swarm_gdrive.records import StateRecord, decode
+
+    with DriveEmulator() as emu:
+        emu.accept_token(SIGN_IN_TOKEN)
+        drive = tmp_path / "drive"
+        (drive / "MyDrive").mkdir(parents=True)
+        (drive / "MyDrive" / wheel.name).write_bytes(wheel.read_bytes())
+        runtimes = {
+            role: ColabRuntime(
+                colab, tmp_path / f"{role}-runtime", drive, token_uri=emu.token_uri, access_token=SIGN_IN_TOKEN
+            )
+            for role in ("coordinator", "worker", "monitor")
+        }
+        common = {"EXPERIMENT_NAME": "pair", "WORKLOAD": "synthetic", "MAX_ROUNDS": 2, "NUM_TRANSPLANT_TREES": 0}
+        common["EXTRA_ENV"] = {**FAST, "GDRIVE_API_URL": emu.root_url}
+        rt = runtimes["coordinator"]
+        thread, box = in_background(
+            rt.execute,
+            "coordinator.ipynb",
+            MIN_WORKERS=1,
+            SWARM_LOCAL_DIR=str(rt.root / "local"),
+            **storage_params(rt, wheel.name, "api"),
+            **common,
+        )
+        wait_for(lambda: any(f["name"] == "experiment.json" for f in emu.files()), 240, "the coordinator's start", box)
+        rt = runtimes["worker"]
+        worker = rt.execute(
+            "worker.ipynb",
+            NODE_ID="worker-1",
+            DEVICE="cpu",
+            SWARM_LOCAL_DIR=str(rt.root / "local"),
+            **storage_params(rt, wheel.name, "api"),
+            **common,
+        )
+        coordinator = finish(thread, box)
+        rt = runtimes["monitor"]
+        monitor = rt.execute(
+            "monitoring.ipynb",
+            EXPERIMENT_NAME="pair",
+            REPORT_DIR=str(rt.root / "report"),
+            LIVE_DASHBOARD=True,
+            REFRESH_SECONDS=0.5,
+            DASHBOARD_MINUTES=0.04,
+            EXTRA_ENV=common["EXTRA_ENV"],
+            **storage_params(rt, wheel.name, "api"),
+        )
+        assert emu.authorizations and set(emu.authorizations) == {f"Bearer {SIGN_IN_TOKEN}"}
+        storage = drive_storage(emu, "rl-swarm")
+        state = decode(storage.read_bytes("experiments/pair/state/current_state.json"), StateRecord)
+        assert (state.status, state.round) == ("finished", 2)
+        readers_on_a_drive_url(emu, tmp_path)
+
+    assert "node stopped, exit code 0" in output_text(coordinator) and "node stopped, exit code 0" in output_text(
+        worker
+    )
+    assert f"through the Drive API (gdrive://{emu.my_drive_id}/rl-swarm)" in output_text(coordinator)
+    assert "worker-1" in cell_output(coordinator, "notebook.show_summary(env)")
+    assert not (drive / "MyDrive" / "rl-swarm").exists()  # the mount served only the wheel
+    for runtime in runtimes.values():
+        assert len(runtime.calls("auth.authenticate_user")) == 1
+        assert [c["mountpoint"] for c in runtime.calls("drive.mount")] == [str(runtime.mount)]
+    assert f"from {runtimes['coordinator'].my_drive / wheel.name}" in cell_output(coordinator, "#@title Install")
+    assert colab.changed_preinstalled() == {}
+
+    # The monitoring notebook read the same folder through the API.
+    text = output_text(monitor)
+    assert "worker-1" in cell_output(monitor, "notebook.show_status(env, LIVENESS_TIMEOUT)")
+    assert "state: experiment pair: finished" in text
+    assert (runtimes["monitor"].root / "report" / "reward_per_round.png").stat().st_size > 0 and images(monitor) >= 1
+    states = widget_states(monitor)
+    (dropdown,) = [w["state"] for w in states.values() if w["state"].get("description") == "experiment"]
+    assert dropdown["_options_labels"] == ["pair"] and dropdown["index"] == 0
+    refreshed = [w["state"]["value"] for w in states.values() if "refreshed at" in str(w["state"].get("value"))]
+    assert len(refreshed) == 1 and "(#1)" not in refreshed[0]  # redrawn by the refresh loop after the first draw
+    assert "dashboard: " in text and "refreshes in" in text and "ended after the set duration" in text
+
+
+def readers_on_a_drive_url(emu: DriveEmulator, tmp_path: Path) -> None:
+    """The notebook helpers that read (validator, summary, comparison, report, dashboard) on a gdrive:// path,
+    with the credentials and endpoint of the environment they are given (GDRIVE_TOKEN_FILE, GDRIVE_API_URL)."""
+    from swarm_gdrive import notebook
+
+    token = tmp_path / "reader-token.json"
+    expiry = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
+    token.write_text(
+        json.dumps(
+            {
+                "type": "authorized_user",
+                "client_id": "c",
+                "client_secret": "s",
+                "refresh_token": "r",
+                "token": "test-reader",
+                "expiry": expiry,
+            }
+        )
+    )
+    env = {
+        "GDRIVE_PATH": f"gdrive://{emu.my_drive_id}/rl-swarm",
+        "EXPERIMENT_NAME": "pair",
+        "GDRIVE_API_URL": emu.root_url,
+        "GDRIVE_TOKEN_FILE": str(token),
+    }
+    before = len(emu.authorizations)
+    assert notebook.validate_run(env, rounds=2, nodes=1, transplants=0) == []
+    assert "worker-1" in notebook.show_summary(env)
+    (row,) = notebook.show_comparison(env, ["pair"], "pair")
+    assert (row.experiment, row.nodes, row.rounds) == ("pair", 1, 2)
+    files = notebook.show_report(env, tmp_path / "api-report")
+    assert tmp_path / "api-report" / "reward_per_round.png" in files
+    dashboard = notebook.show_dashboard(env, refresh_s=0, minutes=0)
+    assert list(dashboard.experiment.options) == ["pair"] and dashboard.snapshot is not None
+    assert set(dashboard.nodes.options) == {"worker-1"}
+    assert set(emu.authorizations[before:]) == {"Bearer test-reader"}
+
+
+# -- a recycled worker runtime reconnects with its NODE_ID and resumes its checkpoint ---------
+
+
+def coordinator_process(folder: Path, rounds: int, model: str):
+    """The coordinator as a process of this environment (it runs all along in its own runtime in a real swarm)."""
+    from swarm_gdrive.procs import NodeProcess
+
+    env = {
+        **FAST,
+        **RESUME_EXPERIMENT,
+        "GDRIVE_PATH": str(folder),
+        "MODEL_NAME": model,
+        "MAX_ROUNDS": str(rounds),
+        "MIN_WORKERS": "1",
+        "SWARM_LOCAL_DIR": str(folder.parent / "coordinator-local"),
+        "NODE_ROLE": "coordinator",
+        "NODE_ID": "coordinator",
+    }
+    return NodeProcess("coordinator", env)
+
+
+#: The experiment of the resume test, as the coordinator and the worker notebook both define it.
+RESUME_EXPERIMENT = {
+    "EXPERIMENT_NAME": "reconnect",
+    "WORKLOAD": "grpo",
+    "NUM_TRAIN_SAMPLES": "2",
+    "NUM_GENERATIONS": "2",
+    "NUM_TRANSPLANT_TREES": "0",
+    "SEED": "42",
+    "TASKS": "basic_arithmetic",
+}
+
+
+@COLD_BUILD
+def test_a_worker_reconnecting_in_a_new_runtime_with_its_node_id_resumes_its_checkpoint(colab, tmp_path, tiny_model):
+    """worker.ipynb in one runtime trains rounds 0-1 and checkpoints; the runtime is recycled (its disk, so its
+    SWARM_LOCAL_DIR, is gone); the same notebook with the same NODE_ID in a new runtime resumes from that
+    checkpoint in the shared folder and plays only the rounds it had not played."""
+    drive = tmp_path / "drive"
+    folder = drive / "MyDrive" / "rl-swarm"
+    folder.mkdir(parents=True)
+    copy_repository(drive / "MyDrive" / "swarm-gdrive")
+    notebook_params = {
+        "EXPERIMENT_NAME": RESUME_EXPERIMENT["EXPERIMENT_NAME"],
+        "WORKLOAD": "grpo",
+        "MODEL_NAME": tiny_model,
+        "SMALL_MODEL_SETTINGS": False,
+        "MAX_ROUNDS": 2,
+        "NUM_TRAIN_SAMPLES": 2,
+        "NUM_GENERATIONS": 2,
+        "NUM_TRANSPLANT_TREES": 0,
+        "NODE_ID": "worker-1",
+        "DEVICE": "cpu",
+        "CHECKPOINT_MINUTES": 15,
+        "EXTRA_ENV": {
+            **FAST,
+            "TASKS": "basic_arithmetic",
+            "CHECKPOINT_INTERVAL": "1",
+            "MAX_NEW_TOKENS": "8",
+            "EVAL_INTERVAL": "0",
+        },
+    }
+    runs = []
+    for phase, rounds in enumerate((2, 3)):
+        runtime = ColabRuntime(colab, tmp_path / f"worker-runtime-{phase}", drive)
+        coordinator = coordinator_process(folder, rounds, tiny_model)
+        try:
+            started = time.time()
+            nb = runtime.execute(
+                "worker.ipynb",
+                SWARM_LOCAL_DIR=str(runtime.root / "local"),  # on the runtime's own disk: lost with it
+                **storage_params(runtime, "swarm-gdrive"),
+                **notebook_params,
+            )
+            try:
+                code = coordinator.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                code = None
+            assert code == 0, "\n".join(coordinator.lines[-30:]) + output_text(nb)[-3000:]
+        finally:
+            if coordinator.returncode is None:
+                coordinator.kill()
+        assert "node stopped, exit code 0" in output_text(nb)
+        runs.append(started)
+
+    logs = folder / "experiments" / "reconnect" / "logs" / "worker-1"
+    events = read_jsonl(logs / "training_events.jsonl")
+    resumed = [e for e in events if e["event"] == "resumed_from_checkpoint"]
+    assert len(resumed) == 1 and resumed[0]["data"]["checkpoint_round"] == 1 and resumed[0]["ts"] > runs[1]
+    assert not [e for e in events if e["event"] == "resumed_without_checkpoint"]
+    played = [m["round"] for m in read_jsonl(logs / "metrics.jsonl") if "round/seconds" in m["values"]]
+    assert played == [0, 1, 2]  # rounds 0 and 1 in the first runtime, only round 2 in the second
+    checkpoints = folder / "experiments" / "reconnect" / "checkpoints" / "worker-1"
+    assert (checkpoints / "round_2" / "checkpoint.json").exists()
+
+
+# -- the other notebooks, each in a Colab runtime -------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    from swarm_gdrive.tiny_model import build_tiny_model, teach_answer_format
-
-    return str(teach_answer_format(build_tiny_model(tmp_path_factory.mktemp("tiny-model")), steps=40))
-
-
-@pytest.fixture(scope="module")
-def study(tmp_path_factory) -> tuple[Path, dict]:
-    """sapo_experiments.ipynb with two synthetic configurations; its folder is reused by the readers."""
+def study(colab, tmp_path_factory) -> tuple[Path, dict]:
+    """sapo_experiments.ipynb with two synthetic configurations; its Drive is read by the next runtimes."""
     base = tmp_path_factory.mktemp("study")
     drive = base / "drive"
-    drive.mkdir()
-    nb = execute(
+    copy_repository(drive / "MyDrive" / "swarm-gdrive")
+    runtime = ColabRuntime(colab, base / "study-runtime", drive)
+    nb = runtime.execute(
         "sapo_experiments.ipynb",
-        base,
-        GDRIVE_PATH=str(drive),
         STUDY_NAME="sapo",
         CONFIGURATIONS="8/0,4/4",
         BASELINE="8/0",
@@ -89,109 +452,99 @@ def study(tmp_path_factory) -> tuple[Path, dict]:
         WORKLOAD="synthetic",
         DEVICE="cpu",
         TIMEOUT_SECONDS=90,
-        SWARM_LOCAL_DIR=str(base / "local"),
+        SWARM_LOCAL_DIR=str(runtime.root / "local"),
         EXTRA_ENV=FAST,
+        **storage_params(runtime, "swarm-gdrive"),
     )
+    assert [c["mounted"] for c in runtime.calls("drive.flush_and_unmount")] == [[str(runtime.mount)]]
     return drive, nb
 
 
-def test_coordinator_and_worker_notebooks_run_a_swarm_together(tmp_path):
+@COLD_BUILD
+def test_test_mode_notebook_passes_the_validator(colab, tmp_path):
     drive = tmp_path / "drive"
-    drive.mkdir()
-    common = {
-        "GDRIVE_PATH": str(drive),
-        "EXPERIMENT_NAME": "pair",
-        "WORKLOAD": "synthetic",
-        "MAX_ROUNDS": 2,
-        "NUM_TRANSPLANT_TREES": 0,
-        "SWARM_LOCAL_DIR": str(tmp_path / "local"),
-        "EXTRA_ENV": FAST,
-    }
-    failures: list[BaseException] = []
-    results: dict = {}
-
-    def coordinator() -> None:
-        try:
-            (tmp_path / "c").mkdir()
-            results["coordinator"] = execute("coordinator.ipynb", tmp_path / "c", MIN_WORKERS=1, **common)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-            failures.append(exc)
-
-    thread = threading.Thread(target=coordinator)
-    thread.start()
-    (tmp_path / "w").mkdir()
-    worker = execute("worker.ipynb", tmp_path / "w", NODE_ID="worker-1", DEVICE="cpu", **common)
-    thread.join(120)
-    assert not thread.is_alive() and not failures, failures
-
-    assert "node stopped, exit code 0" in output_text(results["coordinator"])
-    assert "node stopped, exit code 0" in output_text(worker)
-    root = drive / "experiments" / "pair"
-    state = json.loads((root / "state" / "current_state.json").read_text())
-    assert (state["status"], state["round"]) == ("finished", 2)
-    assert "worker-1" in output_text(results["coordinator"])  # the summary table of rewards
-
-
-def test_test_mode_notebook_passes_the_validator(tmp_path):
-    drive = tmp_path / "drive"
-    drive.mkdir()
-    nb = execute(
+    copy_repository(drive / "MyDrive" / "swarm-gdrive")
+    runtime = ColabRuntime(colab, tmp_path / "runtime", drive)
+    nb = runtime.execute(
         "test_mode.ipynb",
-        tmp_path,
-        GDRIVE_PATH=str(drive),
         EXPERIMENT_NAME="tm",
         NUM_WORKERS=2,
         NUM_TRANSPLANT_TREES=1,
         WORKLOAD="synthetic",
         TIMEOUT_SECONDS=90,
-        SWARM_LOCAL_DIR=str(tmp_path / "local"),
+        SWARM_LOCAL_DIR=str(runtime.root / "local"),
         EXTRA_ENV=FAST,
+        **storage_params(runtime, "swarm-gdrive"),
     )
     text = output_text(nb)
     assert "validator: all checks passed" in text and "FAIL" not in text
     assert "TEST_MODE: 3 rounds" in text
     assert "[worker-2]" in text  # the processes' output streamed into the notebook
-    assert (drive / "experiments" / "tm" / "state" / "current_state.json").exists()
+    assert (drive / "MyDrive" / "rl-swarm" / "experiments" / "tm" / "state" / "current_state.json").exists()
+    assert "worker-1" in cell_output(nb, "notebook.show_summary(env)")
+    assert runtime.calls()[-1]["call"] == "drive.flush_and_unmount"
 
 
+@COLD_BUILD
 def test_sapo_experiments_notebook_compares_both_configurations(study):
     drive, nb = study
     text = output_text(nb)
     for name in ("sapo-i8-j0", "sapo-i4-j4"):
-        assert (drive / "experiments" / name / "state" / "current_state.json").exists()
+        assert (drive / "MyDrive" / "rl-swarm" / "experiments" / name / "state" / "current_state.json").exists()
         assert f"| {name} | 2 | 3 |" in text, text[-3000:]  # a row of the comparison table, 2 workers, 3 rounds
     assert "vs baseline (95% CI)" in text
 
 
-def test_monitoring_notebook_shows_status_findings_and_plots(study, tmp_path):
+@COLD_BUILD
+def test_monitoring_notebook_shows_status_findings_plots_and_a_dashboard_of_every_experiment(colab, study, tmp_path):
+    """ipywidgets 7.7.1, as in Colab: the dashboard's dropdown holds every experiment of the folder, and the
+    refresh loop redraws it in the cell, then ends after DASHBOARD_MINUTES."""
     drive, _ = study
-    nb = execute(
+    runtime = ColabRuntime(colab, tmp_path / "runtime", drive)
+    started = time.monotonic()
+    nb = runtime.execute(
         "monitoring.ipynb",
-        tmp_path,
-        GDRIVE_PATH=str(drive),
         EXPERIMENT_NAME="sapo-i4-j4",
         REPORT_DIR=str(tmp_path / "r"),
         LIVE_DASHBOARD=True,
-        REFRESH_SECONDS=0,
+        REFRESH_SECONDS=0.5,
+        DASHBOARD_MINUTES=0.05,
+        **storage_params(runtime, "swarm-gdrive"),
     )
+    assert time.monotonic() - started < 120
     text = output_text(nb)
-    assert "worker-1" in text and "worker-2" in text  # the status table
+    status = cell_output(nb, "notebook.show_status(env, LIVENESS_TIMEOUT)")
+    assert "worker-1" in status and "worker-2" in status  # the status table
     assert "INFO    state: experiment sapo-i4-j4: finished" in text
     assert (tmp_path / "r" / "reward_per_round.png").stat().st_size > 0
     assert images(nb) >= 1
-    widgets = [o for c in nb["cells"] for o in c.get("outputs", []) if WIDGET in o.get("data", {})]
-    assert widgets or "live dashboard not available" in text  # the ipywidgets dashboard, where installed
+    states = widget_states(nb)
+    assert any(w["model_module_version"].startswith("1.") for w in states.values())  # ipywidgets 7's models
+    (dropdown,) = [w["state"] for w in states.values() if w["state"].get("description") == "experiment"]
+    assert dropdown["_options_labels"] == ["sapo-i4-j4", "sapo-i8-j0"] and dropdown["index"] == 0
+    (nodes,) = [w["state"] for w in states.values() if w["state"].get("description") == "nodes"]
+    assert nodes["_options_labels"] == ["worker-1", "worker-2"]
+    (output,) = [w["state"] for w in states.values() if w["model_name"] == "OutputModel"]
+    assert sum("image/png" in o["data"] for o in output["outputs"]) >= 5  # the plots, drawn into the widget
+    line = cell_output(nb, "notebook.show_dashboard(")
+    assert "ended after the set duration" in line
+    refreshes = int(line.split("dashboard: ")[1].split(" refreshes")[0])
+    assert refreshes >= 1
+    (status_line,) = [w["state"]["value"] for w in states.values() if "refreshed at" in str(w["state"].get("value"))]
+    assert f"(#{refreshes + 1})" in status_line  # the first draw, then each refresh of the loop
+    assert runtime.calls("drive.flush_and_unmount") == []  # a reader leaves the mount alone
 
 
-def test_results_analysis_notebook_compares_and_plots(study, tmp_path):
+@COLD_BUILD
+def test_results_analysis_notebook_compares_and_plots(colab, study, tmp_path):
     drive, _ = study
-    nb = execute(
+    runtime = ColabRuntime(colab, tmp_path / "runtime", drive)
+    nb = runtime.execute(
         "results_analysis.ipynb",
-        tmp_path,
-        GDRIVE_PATH=str(drive),
         EXPERIMENTS="sapo-i8-j0,sapo-i4-j4",
         BASELINE="sapo-i8-j0",
         REPORT_DIR=str(tmp_path / "reports"),
+        **storage_params(runtime, "swarm-gdrive"),
     )
     text = output_text(nb)
     assert "| sapo-i8-j0 | 2 | 3 |" in text and "| sapo-i4-j4 | 2 | 3 |" in text
@@ -201,13 +554,13 @@ def test_results_analysis_notebook_compares_and_plots(study, tmp_path):
     assert images(nb) >= 2
 
 
-def test_multi_node_one_gpu_notebook_trains_workers_on_one_device(tmp_path, tiny_model):
+@COLD_BUILD
+def test_multi_node_one_gpu_notebook_trains_workers_on_one_device(colab, tmp_path, tiny_model):
     drive = tmp_path / "drive"
-    drive.mkdir()
-    nb = execute(
+    copy_repository(drive / "MyDrive" / "swarm-gdrive")
+    runtime = ColabRuntime(colab, tmp_path / "runtime", drive)
+    nb = runtime.execute(
         "multi_node_one_gpu.ipynb",
-        tmp_path,
-        GDRIVE_PATH=str(drive),
         EXPERIMENT_NAME="one-gpu",
         WORKLOAD="grpo",
         MODEL_NAME=tiny_model,
@@ -219,19 +572,52 @@ def test_multi_node_one_gpu_notebook_trains_workers_on_one_device(tmp_path, tiny
         DEVICE="cpu",
         MEMORY_PER_WORKER_GB=0.1,
         TIMEOUT_SECONDS=100,
-        SWARM_LOCAL_DIR=str(tmp_path / "local"),
-        EXTRA_ENV={
-            **FAST,
-            "MAX_NEW_TOKENS": "8",
-            "EVAL_SAMPLES": "2",
-            "OMP_NUM_THREADS": "1",
-        },
+        SWARM_LOCAL_DIR=str(runtime.root / "local"),
+        EXTRA_ENV={**FAST, "MAX_NEW_TOKENS": "8", "EVAL_SAMPLES": "2", "OMP_NUM_THREADS": "1"},
+        **storage_params(runtime, "swarm-gdrive"),
     )
     text = output_text(nb)
     assert "cpu: " in text and "GiB needed" in text  # the memory check ran first
     assert "worker-1: exit code 0" in text and "worker-2: exit code 0" in text
-    rewards = list((drive / "experiments" / "one-gpu").rglob("rewards/**/*.json"))
+    rewards = list((drive / "MyDrive" / "rl-swarm" / "experiments" / "one-gpu").rglob("rewards/**/*.json"))
     assert {p.stem for p in rewards} == {"worker-1", "worker-2"}
+
+
+# -- outside Colab: a local Jupyter with the package installed --------------------------------
+
+
+def test_outside_colab_a_notebook_installs_nothing_mounts_nothing_and_runs(tmp_path):
+    """This environment's own kernel (swarm_gdrive importable, no google.colab): the connect and install cells
+    do nothing, the notebook runs on a local folder, and flush_drive has nothing to flush."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    out = tmp_path / "test_mode.ipynb"
+    papermill.execute_notebook(
+        str(NOTEBOOKS / "test_mode.ipynb"),
+        str(out),
+        parameters={
+            "GDRIVE_PATH": str(folder),
+            "PACKAGE_SOURCE": "/nowhere",
+            "EXPERIMENT_NAME": "local",
+            "NUM_WORKERS": 1,
+            "NUM_TRANSPLANT_TREES": 0,
+            "TIMEOUT_SECONDS": 90,
+            "SWARM_LOCAL_DIR": str(tmp_path / "local"),
+            "EXTRA_ENV": FAST,
+        },
+        kernel_name="python3",
+        cwd=str(tmp_path),
+        progress_bar=False,
+        execution_timeout=120,
+    )
+    nb = json.loads(out.read_text())
+    assert "not in Colab: nothing to install, using" in cell_output(nb, "#@title Install")
+    assert "validator: all checks passed" in output_text(nb)
+    assert cell_output(nb, "notebook.flush_drive(DRIVE_MOUNT)") == ""
+    assert (folder / "experiments" / "local" / "state" / "current_state.json").exists()
+
+
+# -- in-kernel nodes and the stop button (this environment, no notebook) ----------------------
 
 
 def _in_process_swarm(drive: Path, local: Path) -> int:
@@ -260,7 +646,6 @@ def test_the_stop_button_stops_an_in_kernel_node_cleanly(tmp_path, inherited):
     job of a shell starts with SIGINT ignored) and after a node already ran in this thread."""
     import _thread
     import signal
-    import time
 
     from swarm_gdrive import notebook
 

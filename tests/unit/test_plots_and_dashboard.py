@@ -3,8 +3,11 @@ workers as threads, synthetic workload: 2 workers, 3 rounds, J=1) and on an empt
 
 from __future__ import annotations
 
+import _thread
 import dataclasses
+import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -149,23 +152,53 @@ def test_dashboard_on_an_empty_folder(tmp_path):
     assert all(any(plots.NO_DATA in t.get_text() for ax in f.axes for t in ax.texts) for f in figures.values())
 
 
-def test_auto_refresh_starts_and_stops_within_a_second(folder):
-    dash = Dashboard(LocalStorage(folder), refresh_s=0)
-    dash.refresh()
-    before = dash.refresh_count
-    dash.interval.value = 1  # the slider starts the background thread
-    assert dash.auto_refreshing
-    deadline = time.monotonic() + 10
-    while dash.refresh_count == before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert dash.refresh_count > before
+def test_run_redraws_in_the_foreground_and_lists_experiments_that_appear(folder, tmp_path, capsys):
+    """Dashboard.run (the monitoring notebook's auto-refresh): refreshes in the calling thread every period
+    until the duration is over, and the dropdown gains an experiment created while it runs."""
+    shared = tmp_path / "shared"
+    shutil.copytree(folder, shared)
+    dash = Dashboard(LocalStorage(shared), refresh_s=0.05, selected=EXPERIMENT)
+    assert list(dash.experiment.options) == [EXPERIMENT] and dash.experiment.value == EXPERIMENT
     started = time.monotonic()
-    dash.interval.value = 0  # and stops it
-    assert time.monotonic() - started < 1.0
-    assert not dash.auto_refreshing
-    count = dash.refresh_count
-    time.sleep(1.2)
-    assert dash.refresh_count == count
+    dash.show()
+    one = time.monotonic() - started  # a refresh draws every figure: about 1 s on 2 busy cores
+    refreshed_in: set[str] = set()
+    original = dash.refresh
+
+    def refresh():
+        refreshed_in.add(threading.current_thread().name)
+        if dash.refresh_count == 2:  # after the first automatic refresh, another experiment starts
+            (shared / "experiments" / "later").mkdir()
+        return original()
+
+    dash.refresh = refresh
+    duration = 3.5 * one + 0.5
+    started = time.monotonic()
+    count = dash.run(duration_s=duration)
+    elapsed = time.monotonic() - started
+    assert count >= 2 and dash.refresh_count == count + 1  # show() drew once first
+    assert duration - 0.5 < elapsed < duration + 2 * one + 1  # it ends once the duration is over
+    assert refreshed_in == {threading.main_thread().name}
+    assert list(dash.experiment.options) == [EXPERIMENT, "later"] and dash.experiment.value == EXPERIMENT
+    assert f"dashboard: {count} refreshes" in capsys.readouterr().out
+
+
+def test_run_ends_on_the_stop_button(folder, capsys):
+    dash = Dashboard(LocalStorage(folder), refresh_s=0.1)
+    started = time.monotonic()
+    dash.show()
+    one = time.monotonic() - started
+    timer = threading.Timer(0.5, _thread.interrupt_main)  # what Colab's stop button does to the kernel
+    timer.start()
+    started = time.monotonic()
+    try:
+        count = dash.run()  # no duration: until stopped
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 2 * one + 2
+    assert f"dashboard: {count} refreshes" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="refresh_s"):
+        dash.run(0)
 
 
 def test_findings_html_colors_by_severity():

