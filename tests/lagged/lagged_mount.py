@@ -284,9 +284,7 @@ class LaggedMount:
 
     def _remove_temp(self, due: _Due) -> None:
         if due.step == "final" and due.temp_name:
-            (self.replica(due.delivery.dst) / due.delivery.path).parent.joinpath(due.temp_name).unlink(
-                missing_ok=True
-            )
+            (self.replica(due.delivery.dst) / due.delivery.path).parent.joinpath(due.temp_name).unlink(missing_ok=True)
 
     # -- records -----------------------------------------------------------------------------
 
