@@ -420,7 +420,10 @@ class Coordinator:
             message += ": " + ", ".join(sorted(live))
         silent = sorted(registered - live)
         if silent:
-            message += f"; registered but silent for {self.config.liveness_timeout:g} s: " + ", ".join(silent)
+            message += (
+                f"; registered but not live (stopped, or no heartbeat for {self.config.liveness_timeout:g} s): "
+                + ", ".join(silent)
+            )
         if not registered:
             message += (
                 f"; no worker has registered yet: start workers with the same GDRIVE_PATH and "

@@ -204,7 +204,8 @@ def test_waiting_for_workers_says_whom_on_change_and_periodically(tmp_path, capl
     assert first.message.startswith("waiting for MIN_WORKERS=3: 0 of 3 workers live; no worker has registered yet")
     assert "EXPERIMENT_NAME=exp" in first.message and "SYNC_LAG=90 s" in first.message
     assert second.message == (
-        "waiting for MIN_WORKERS=3: 2 of 3 workers live: worker-1, worker-2; registered but silent for 300 s: worker-3"
+        "waiting for MIN_WORKERS=3: 2 of 3 workers live: worker-1, worker-2; "
+        "registered but not live (stopped, or no heartbeat for 300 s): worker-3"
     )
     assert second.data == {
         "live": ["worker-1", "worker-2"],
