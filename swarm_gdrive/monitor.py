@@ -393,8 +393,10 @@ def _missing_reward_findings(snapshot: Snapshot) -> list[Finding]:
 def _missing_rollout_findings(snapshot: Snapshot) -> list[Finding]:
     """A worker that submitted a reward with J > 0 but has no rollouts in that round.
 
-    Only rounds where some node's rollouts are still present are checked: retention
-    (ROLLOUT_CLEANUP_ENABLED) removes whole old rounds, which is not a fault.
+    Only rounds where some node's rollouts are still present, and that are newer than the worker's oldest
+    rollouts still present, are checked: retention (ROLLOUT_CLEANUP_ENABLED) removes each worker's oldest
+    rounds, at its own pace, and on a mount that syncs late its removals arrive at different times, so a
+    round may hold some workers' files and not others'; that is not a fault. A gap is.
     """
     if int(snapshot.config.get("num_transplant_trees") or 0) <= 0 or snapshot.rewards.empty:
         return []
@@ -403,7 +405,8 @@ def _missing_rollout_findings(snapshot: Snapshot) -> list[Finding]:
     out: list[Finding] = []
     for node, rows in snapshot.rewards.groupby("node"):
         own = set(rollouts.loc[rollouts["node"] == node, "round"]) if not rollouts.empty else set()
-        missing = sorted(r for r in set(rows["round"]) if r in present_rounds and r not in own)
+        oldest = min(own, default=-1)  # rounds below it: this worker's retention (or none of its files at all)
+        missing = sorted(r for r in set(rows["round"]) if r in present_rounds and r not in own and r > oldest)
         if missing:
             out.append(
                 Finding(
