@@ -55,6 +55,22 @@ FINGERPRINT_FIELDS = (
     "curriculum_threshold",
 )
 
+#: Largest SYNC_LAG accepted, seconds: a mount that lags more than this is not a usable medium.
+MAX_SYNC_LAG = 3600.0
+
+#: Timeouts derived from SYNC_LAG = L when their variable is not set: variable -> (field, base s, multiple of L).
+#: A file written by one node reaches another within L seconds. The round's critical path, from the coordinator
+#: opening round R to it seeing the last reward, crosses the lag three times (the state to a worker, a peer's
+#: rollouts to that worker, its reward to the coordinator), so a round needs about 3 L beyond its work; the gather
+#: of a worker that saw the round first waits up to 2 L for a peer that saw it last; a heartbeat can reach the
+#: coordinator L late, right after one that arrived at once. The multiples leave one L of margin over those paths
+#: (none for the gather: a late peer only costs external groups). With L = 0 these are the plain defaults.
+LAG_DERIVED: dict[str, tuple[str, float, float]] = {
+    "COORDINATOR_ROUND_INTERVAL": ("coordinator_round_interval", 60.0, 4.0),
+    "ROLLOUT_WAIT_TIMEOUT": ("rollout_wait_timeout", 30.0, 2.0),
+    "LIVENESS_TIMEOUT": ("liveness_timeout", 120.0, 2.0),
+}
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -97,6 +113,20 @@ def _parse_seconds(var: str, raw: str) -> float:
         raise ConfigError(var, raw, "use a number of seconds > 0, for example 30 or 0.5") from None
     if not value > 0 or value == float("inf"):
         raise ConfigError(var, raw, "use a number of seconds > 0, for example 30 or 0.5")
+    return value
+
+
+def _parse_lag(var: str, raw: str) -> float:
+    fix = (
+        f"use a number of seconds in [0, {MAX_SYNC_LAG:g}]: 0 for a local folder or the Drive API, "
+        "about 60-120 for Colab's Drive mount or Drive for desktop"
+    )
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ConfigError(var, raw, fix) from None
+    if not 0 <= value <= MAX_SYNC_LAG:  # also refuses NaN
+        raise ConfigError(var, raw, fix)
     return value
 
 
@@ -317,10 +347,21 @@ class Config:
         "Coordinator only: round 0 opens once this many workers are live, so that a study's nodes start together.",
         _parse_int(1),
     )
+    sync_lag: float = _env(
+        "SYNC_LAG",
+        0.0,
+        "Seconds a file written by one node may take to reach another: 0 for a local folder or the Drive API "
+        "(gdrive://), about 60-120 for Colab's Drive mount or Drive for desktop. Unset timeouts are derived from it: "
+        "COORDINATOR_ROUND_INTERVAL = 60 + 4 x SYNC_LAG, ROLLOUT_WAIT_TIMEOUT = 30 + 2 x SYNC_LAG, LIVENESS_TIMEOUT "
+        "= 120 + 2 x SYNC_LAG; explicit ones too short for it are refused. The coordinator also waits up to SYNC_LAG "
+        "after the last round for rewards still on their way.",
+        _parse_lag,
+    )
     coordinator_round_interval: float = _env(
         "COORDINATOR_ROUND_INTERVAL",
         60.0,
-        "Seconds after which the coordinator closes a round even if a live worker has not submitted.",
+        "Seconds after which the coordinator closes a round even if a live worker has not submitted. "
+        "Unset: 60 + 4 x SYNC_LAG; at least 3 x SYNC_LAG.",
         _parse_seconds,
     )
     rollout_publish_frequency: str = _env(
@@ -351,19 +392,21 @@ class Config:
         "LIVENESS_TIMEOUT",
         120.0,
         "A node whose heartbeat has not changed for this many seconds (observer's clock) is dead. "
-        "Must exceed 2 x HEARTBEAT_INTERVAL; raise it on a mounted Drive that syncs late.",
+        "Unset: 120 + 2 x SYNC_LAG; must exceed 2 x HEARTBEAT_INTERVAL + SYNC_LAG.",
         _parse_seconds,
     )
     rollout_wait_timeout: float = _env(
         "ROLLOUT_WAIT_TIMEOUT",
         30.0,
-        "Longest a worker waits for other nodes' rollouts of its stage; then it goes on with what it has.",
+        "Longest a worker waits for other nodes' rollouts of its stage; then it goes on with what it has. "
+        "Unset: 30 + 2 x SYNC_LAG; with NUM_TRANSPLANT_TREES > 0, at least 2 x SYNC_LAG.",
         _parse_seconds,
     )
     coordinator_wait_timeout: float = _env(
         "COORDINATOR_WAIT_TIMEOUT",
         3600.0,
-        "Longest a worker waits for the round state to change before it gives up (exit code 3).",
+        "Longest a worker waits for the round state to change before it gives up (exit code 3). "
+        "With SYNC_LAG > 0, more than COORDINATOR_ROUND_INTERVAL + SYNC_LAG.",
         _parse_seconds,
     )
     poll_interval_min: float = _env(
@@ -547,9 +590,69 @@ def from_env(environ: Mapping[str, str] | None = None) -> Config:
             raise ConfigError(var, None, "set it to the shared folder, e.g. /content/drive/MyDrive/rl-swarm")
         elif f.name in ("local_dir", "model_cache_dir"):
             values[f.name] = _parse_local_dir(var, f.default)
+    _derive_from_lag(values, env)
     config = Config(**values)
     _check_relations(config)
+    _check_lag(config)
     return config
+
+
+def _derive_from_lag(values: dict[str, Any], env: Mapping[str, str]) -> None:
+    """The LAG_DERIVED timeouts that are not set explicitly, from SYNC_LAG (their plain defaults at 0)."""
+    lag = values.get("sync_lag", 0.0)
+    for var, (name, base, multiple) in LAG_DERIVED.items():
+        if var not in env:
+            values[name] = base + multiple * lag
+
+
+def _derived(var: str, lag: float) -> float:
+    _, base, multiple = LAG_DERIVED[var]
+    return base + multiple * lag
+
+
+def _check_lag(config: Config) -> None:
+    """Timeouts set explicitly too short for SYNC_LAG: each would lose submissions, live workers or peers' groups."""
+    lag = config.sync_lag
+    if lag <= 0:
+        return
+    shown = f"SYNC_LAG={lag:g}"
+    floor = 3 * lag
+    if config.coordinator_round_interval < floor:
+        raise ConfigError(
+            "COORDINATOR_ROUND_INTERVAL",
+            config.coordinator_round_interval,
+            f"too short for {shown}: a reward reaches the coordinator up to 3 x SYNC_LAG = {floor:g} s after its "
+            "round opens (the state, a peer's rollouts and the reward each cross the lag), so rounds would close "
+            f"before their rewards arrive; unset COORDINATOR_ROUND_INTERVAL (derived: "
+            f"{_derived('COORDINATOR_ROUND_INTERVAL', lag):g} s) or set it >= {floor:g}",
+        )
+    floor = 2 * config.heartbeat_interval + lag
+    if config.liveness_timeout <= floor:
+        raise ConfigError(
+            "LIVENESS_TIMEOUT",
+            config.liveness_timeout,
+            f"too short for {shown}: a heartbeat can reach the coordinator SYNC_LAG late, so it must exceed "
+            f"2 x HEARTBEAT_INTERVAL + SYNC_LAG = {floor:g} s or live workers are dropped; unset LIVENESS_TIMEOUT "
+            f"(derived: {_derived('LIVENESS_TIMEOUT', lag):g} s) or raise it",
+        )
+    floor = 2 * lag
+    if config.num_transplant_trees > 0 and config.rollout_wait_timeout < floor:
+        raise ConfigError(
+            "ROLLOUT_WAIT_TIMEOUT",
+            config.rollout_wait_timeout,
+            f"too short for {shown}: a peer that sees the round SYNC_LAG after this worker publishes SYNC_LAG later "
+            f"again, so its rollouts can come 2 x SYNC_LAG = {floor:g} s after this worker starts gathering and "
+            f"SAPO would get fewer external groups; unset ROLLOUT_WAIT_TIMEOUT (derived: "
+            f"{_derived('ROLLOUT_WAIT_TIMEOUT', lag):g} s) or set it >= {floor:g}",
+        )
+    floor = config.coordinator_round_interval + lag
+    if config.coordinator_wait_timeout <= floor:
+        raise ConfigError(
+            "COORDINATOR_WAIT_TIMEOUT",
+            config.coordinator_wait_timeout,
+            f"too short for {shown}: the next round can take COORDINATOR_ROUND_INTERVAL + SYNC_LAG = {floor:g} s to "
+            "reach a worker, which would give up on a working coordinator; raise it (default 3600)",
+        )
 
 
 @functools.lru_cache(maxsize=32)

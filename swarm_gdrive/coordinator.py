@@ -9,6 +9,7 @@ its peer record keeps changing. The coordinator never loads a model.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
 import time
@@ -22,11 +23,14 @@ from swarm_gdrive.exchange import Exchange, RunChangedError
 from swarm_gdrive.heartbeat import Heartbeat
 from swarm_gdrive.layout import Layout, parse_round_dir, parse_stage_dir
 from swarm_gdrive.metrics import NodeLog
-from swarm_gdrive.polling import Backoff, Stopped
+from swarm_gdrive.polling import Backoff, Stopped, wait_for
 from swarm_gdrive.records import ExperimentRecord, StateRecord
 from swarm_gdrive.storage import Storage
 
 logger = logging.getLogger(__name__)
+
+#: Seconds between the coordinator's "waiting for workers" lines while round 0 has not opened.
+WAITING_REPORT_SECONDS = 30.0
 
 
 class ExperimentMismatchError(RuntimeError):
@@ -51,6 +55,16 @@ class Liveness:
 
     def live(self, now: float) -> frozenset[str]:
         return frozenset(n for n, (_, changed) in self._seen.items() if now - changed < self.timeout)
+
+
+@dataclass
+class _LateWatch:
+    """A round closed on the deadline: the live workers whose reward had not arrived, watched a while longer."""
+
+    stage: int
+    missing: set[str]
+    closed_at: float  # coordinator's clock
+    arrived: int = 0
 
 
 @dataclass(frozen=True)
@@ -136,6 +150,8 @@ class Coordinator:
         self.clock = clock
         self.liveness = Liveness(config.liveness_timeout)
         self.workers_seen: set[str] = set()
+        self.late: dict[int, _LateWatch] = {}  # rounds closed on the deadline whose late rewards are still counted
+        self._waiting_said: tuple[frozenset[str], frozenset[str], float] | None = None
         self.log = NodeLog(storage, self.layout, node_id)
         self.exchange._on_reject = lambda path, reason: self.log.event(
             "file_rejected", f"{path}: {reason}", level="warning", path=path
@@ -284,6 +300,7 @@ class Coordinator:
         heartbeat.start()
         try:
             self._serve(state, heartbeat)
+            self._drain()
         except Stopped:
             logger.info("stopping on request")
         finally:
@@ -301,6 +318,9 @@ class Coordinator:
             now = self.clock()
             live = self.observe(now)
             submitted = self.submissions(state)
+            self.watch_late(now, self.config.coordinator_round_interval + self.config.sync_lag)
+            if state.status == "waiting" and len(live) < self.config.min_workers:
+                self.report_waiting(live, now)
             decision = decide(
                 state,
                 live,
@@ -313,7 +333,7 @@ class Coordinator:
             if decision.restart_timer:
                 opened = now
             if decision.state is not None:
-                self._publish(state, decision, live, submitted)
+                self._publish(state, decision, live, submitted, now)
                 state = decision.state
                 logctx.set_round(state.round)
                 heartbeat.set_round(state.round)
@@ -327,12 +347,16 @@ class Coordinator:
                     timeout = min(timeout, max(0.0, self.config.coordinator_round_interval - (self.clock() - opened)))
                 self.stop.wait(max(timeout, 0.01))
 
-    def _publish(self, old: StateRecord, decision: Decision, live: frozenset[str], submitted: frozenset[str]) -> None:
+    def _publish(
+        self, old: StateRecord, decision: Decision, live: frozenset[str], submitted: frozenset[str], now: float
+    ) -> None:
         new = decision.state
         assert new is not None
         self.exchange.write_state(new)
         if new.round != old.round or new.status != old.status:
             missing = sorted(live - submitted)
+            if old.status == "running" and decision.reason == "interval" and missing:
+                self._closed_on_deadline(old, missing, now)
             if old.status == "waiting":
                 summary = f"round {new.round} opened with {len(live)} live workers"
             else:
@@ -362,6 +386,124 @@ class Coordinator:
             self.log.flush()
             if self.config.rollout_cleanup_enabled and old.status == "running":
                 self.prune_empty_round_dirs(new.round - self.config.rollout_keep_last_n_rounds)
+
+    # -- first-hour feedback and late rewards ---------------------------------------------
+
+    def report_waiting(self, live: frozenset[str], now: float) -> None:
+        """While round 0 waits for MIN_WORKERS: say whom it waits for, when that changes (an event) and every
+        WAITING_REPORT_SECONDS (a log line)."""
+        registered = frozenset(self.workers_seen)
+        said = self._waiting_said
+        changed = said is None or (live, registered) != said[:2]
+        if not changed and now - said[2] < WAITING_REPORT_SECONDS:
+            return
+        self._waiting_said = (live, registered, now)
+        message = self.waiting_message(live, registered)
+        if changed:
+            self.log.event(
+                "waiting_for_workers",
+                message,
+                round_=0,
+                live=sorted(live),
+                registered=sorted(registered),
+                needed=self.config.min_workers,
+            )
+            self.log.flush()  # visible to the monitor now, not only once round 0 opens
+        else:
+            logger.info("%s", message)
+
+    def waiting_message(self, live: frozenset[str], registered: frozenset[str]) -> str:
+        """``2 of 3 workers live: worker-1, worker-2`` and what to do about the others."""
+        needed = self.config.min_workers
+        message = f"waiting for MIN_WORKERS={needed}: {len(live)} of {needed} workers live"
+        if live:
+            message += ": " + ", ".join(sorted(live))
+        silent = sorted(registered - live)
+        if silent:
+            message += (
+                f"; registered but not live (stopped, or no heartbeat for {self.config.liveness_timeout:g} s): "
+                + ", ".join(silent)
+            )
+        if not registered:
+            message += (
+                f"; no worker has registered yet: start workers with the same GDRIVE_PATH and "
+                f"EXPERIMENT_NAME={self.config.experiment_name}"
+            )
+            if self.config.sync_lag:
+                message += f" (a new worker's heartbeat can take SYNC_LAG={self.config.sync_lag:g} s to get here)"
+        return message
+
+    def _closed_on_deadline(self, old: StateRecord, missing: list[str], now: float) -> None:
+        """Say that round ``old.round`` closed on the deadline, and keep counting its late rewards."""
+        lag = self.config.sync_lag
+        hint = (
+            f"if they are working, their rewards reach this node later than SYNC_LAG={lag:g} s allows: raise "
+            "SYNC_LAG to the folder's real lag (or COORDINATOR_ROUND_INTERVAL if rounds take longer to train)"
+            if lag
+            else "if they are working on a Drive mount or Drive for desktop, set SYNC_LAG to its lag (60-120 s) so "
+            "that the timeouts follow it, or raise COORDINATOR_ROUND_INTERVAL if rounds take longer to train"
+        )
+        self.log.event(
+            "round_closed_on_deadline",
+            f"round {old.round} closed on the deadline (COORDINATOR_ROUND_INTERVAL="
+            f"{self.config.coordinator_round_interval:g} s) without rewards from {', '.join(missing)}: {hint}",
+            level="warning",
+            round_=old.round,
+            missing=missing,
+            interval=self.config.coordinator_round_interval,
+        )
+        self.late[old.round] = _LateWatch(old.num_stages - 1, set(missing), now)
+
+    def watch_late(self, now: float, window: float) -> None:
+        """Count the rewards of rounds closed on the deadline that arrive afterwards (``late_submission``).
+
+        A round is watched until every worker missing at its close has submitted or ``window`` seconds have
+        passed; then one metric line of that round says how many came late (``swarm/late_submitted``) and
+        how many never came (``swarm/never_submitted``).
+        """
+        for round_, watch in sorted(self.late.items()):
+            arrived = watch.missing & set(self.exchange.read_rewards(round_, watch.stage))
+            for node in sorted(arrived):
+                self.log.event(
+                    "late_submission",
+                    f"{node}'s reward for round {round_} arrived {now - watch.closed_at:.0f} s after the round closed "
+                    f"on the deadline: counted, but the round went on without it (SYNC_LAG="
+                    f"{self.config.sync_lag:g} s, COORDINATOR_ROUND_INTERVAL="
+                    f"{self.config.coordinator_round_interval:g} s)",
+                    level="warning",
+                    round_=round_,
+                    node=node,
+                    late_s=round(now - watch.closed_at, 3),
+                )
+            watch.missing -= arrived
+            watch.arrived += len(arrived)
+            if not watch.missing or now - watch.closed_at >= window:
+                self.log.metric(
+                    {"swarm/late_submitted": watch.arrived, "swarm/never_submitted": len(watch.missing)},
+                    round_=round_,
+                )
+                del self.late[round_]
+                self.log.flush()
+
+    def _drain(self) -> None:
+        """After the last round: wait up to SYNC_LAG for the rewards of rounds that closed on the deadline, which
+        may still be on their way to this node, so that the experiment's record counts them."""
+        if not self.late:
+            return
+        if self.config.sync_lag:
+            logger.info(
+                "finished; waiting up to SYNC_LAG=%g s for late rewards of round(s) %s",
+                self.config.sync_lag,
+                ", ".join(str(r) for r in sorted(self.late)),
+            )
+
+        def settled() -> bool | None:
+            self.watch_late(self.clock(), math.inf)
+            return True if not self.late else None
+
+        backoff = Backoff(self.config.poll_interval_min, self.config.poll_interval_max)
+        wait_for(settled, self.stop, self.config.sync_lag, backoff)
+        self.watch_late(self.clock(), 0.0)  # a last look; what has not come by now closes every watch
 
     def prune_empty_round_dirs(self, before_round: int) -> None:
         """Remove rollout folders of rounds older than ``before_round`` once workers emptied them."""

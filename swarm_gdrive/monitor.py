@@ -46,8 +46,13 @@ STATE_COLUMNS = [
     "updated_at",
 ]
 PEER_COLUMNS = ["node", "role", "status", "heartbeat", "heartbeat_at", "round", "registered_at", "alive"]
-REWARD_COLUMNS = ["node", "round", "stage", "reward", "local_groups", "external_groups"]
+REWARD_COLUMNS = ["node", "round", "stage", "reward", "local_groups", "external_groups", "external_requested"]
 ROLLOUT_COLUMNS = ["round", "stage", "node", "groups", "bytes"]
+#: A ``sapo_starved`` warning when workers received fewer external groups than asked in at least this share of
+#: their rounds (below it, an info finding): SAPO then trains on fewer peer groups than configured.
+SAPO_SHORTFALL_WARNING = 0.25
+#: Rounds shown in the status table's external-groups table.
+EXTERNAL_ROUNDS_SHOWN = 10
 #: Rollouts above this total are flagged: Drive's free 15 GB fills up; ROLLOUT_CLEANUP_ENABLED keeps it flat.
 STORAGE_WARNING_BYTES = 1 << 30
 EVAL_COLUMNS = ["node", "round", "task", "level", "n", "pass1", "mean_score", "k", "pass_k"]
@@ -228,6 +233,7 @@ def findings(snapshot: Snapshot, liveness_timeout: float = LIVENESS) -> list[Fin
     out += _missing_rollout_findings(snapshot)
     out += _advance_findings(snapshot, liveness_timeout)
     out += _storage_findings(snapshot)
+    out += _external_findings(snapshot)
     events = snapshot.events
     if not events.empty:
         errors = events[events["level"] == "error"]
@@ -317,6 +323,48 @@ def _storage_findings(snapshot: Snapshot) -> list[Finding]:
     return [Finding("info", "storage", message)]
 
 
+def external_per_round(snapshot: Snapshot) -> pd.DataFrame:
+    """External groups per worker and round, summed over stages: ``node, round, asked, got`` (J asked, groups
+    received), from the reward records; only rounds where the worker asked for some (J > 0)."""
+    rewards = snapshot.rewards
+    columns = ["node", "round", "asked", "got"]
+    if rewards.empty:
+        return pd.DataFrame(columns=columns)
+    table = (
+        rewards.groupby(["node", "round"])[["external_requested", "external_groups"]]
+        .sum()
+        .reset_index()
+        .rename(columns={"external_requested": "asked", "external_groups": "got"})
+    )
+    return table.loc[table["asked"] > 0, columns].sort_values(["round", "node"]).reset_index(drop=True)
+
+
+def _external_findings(snapshot: Snapshot) -> list[Finding]:
+    """SAPO starvation: workers that trained on fewer external groups than they asked for, never silently."""
+    table = external_per_round(snapshot)
+    short = table[table["got"] < table["asked"]]
+    if short.empty:
+        return []
+    share = len(short) / len(table)
+    rounds = sorted({int(r) for r in short["round"]})
+    message = (
+        f"SAPO got fewer external groups than asked in {len(short)} of {len(table)} worker-rounds "
+        f"({share:.0%}; {int(table['got'].sum())} of {int(table['asked'].sum())} groups received; "
+        f"round(s) {_ranges(rounds[:20])}{' ...' if len(rounds) > 20 else ''})"
+    )
+    events = snapshot.events
+    expired = int((events["event"] == "rollout_wait_expired").sum()) if not events.empty else 0
+    if expired:
+        message += (
+            f": {expired} gather(s) gave up waiting for peers' rollouts (ROLLOUT_WAIT_TIMEOUT): on a Drive mount "
+            "set SYNC_LAG to its lag, or raise ROLLOUT_WAIT_TIMEOUT"
+        )
+    else:
+        message += ": the peers' rollouts offered too few groups with reward variance (or peers were missing)"
+    severity = "warning" if share >= SAPO_SHORTFALL_WARNING else "info"
+    return [Finding(severity, "sapo_starved" if severity == "warning" else "sapo_shortfall", message)]
+
+
 def _closed_rounds(snapshot: Snapshot) -> int:
     """Rounds before the current one (all of them once finished)."""
     state = snapshot.state_record
@@ -345,8 +393,10 @@ def _missing_reward_findings(snapshot: Snapshot) -> list[Finding]:
 def _missing_rollout_findings(snapshot: Snapshot) -> list[Finding]:
     """A worker that submitted a reward with J > 0 but has no rollouts in that round.
 
-    Only rounds where some node's rollouts are still present are checked: retention
-    (ROLLOUT_CLEANUP_ENABLED) removes whole old rounds, which is not a fault.
+    Only rounds where some node's rollouts are still present, and that are newer than the worker's oldest
+    rollouts still present, are checked: retention (ROLLOUT_CLEANUP_ENABLED) removes each worker's oldest
+    rounds, at its own pace, and on a mount that syncs late its removals arrive at different times, so a
+    round may hold some workers' files and not others'; that is not a fault. A gap is.
     """
     if int(snapshot.config.get("num_transplant_trees") or 0) <= 0 or snapshot.rewards.empty:
         return []
@@ -355,7 +405,8 @@ def _missing_rollout_findings(snapshot: Snapshot) -> list[Finding]:
     out: list[Finding] = []
     for node, rows in snapshot.rewards.groupby("node"):
         own = set(rollouts.loc[rollouts["node"] == node, "round"]) if not rollouts.empty else set()
-        missing = sorted(r for r in set(rows["round"]) if r in present_rounds and r not in own)
+        oldest = min(own, default=-1)  # rounds below it: this worker's retention (or none of its files at all)
+        missing = sorted(r for r in set(rows["round"]) if r in present_rounds and r not in own and r > oldest)
         if missing:
             out.append(
                 Finding(
@@ -455,8 +506,37 @@ def status_table(snapshot: Snapshot) -> str:
                 last5,
             ]
         )
-    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+    text = _columns(lines)
+    external = _external_table(snapshot)
+    return text + ("\n\n" + external if external else "")
+
+
+def _columns(lines: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in lines)
+
+
+def _external_table(snapshot: Snapshot) -> str:
+    """External groups received/asked (J) per worker for the last rounds; '!' marks a shortfall."""
+    table = external_per_round(snapshot)
+    if table.empty:
+        return ""
+    workers = sorted(table["node"].unique())
+    rounds = sorted(table["round"].unique())[-EXTERNAL_ROUNDS_SHOWN:]
+    cells = {(row.node, row.round): (int(row.got), int(row.asked)) for row in table.itertuples(index=False)}
+    lines = [["round", *workers]]
+    for r in rounds:
+        row = [str(int(r))]
+        for w in workers:
+            got, asked = cells.get((w, r), (None, None))
+            row.append("-" if got is None else f"{got}/{asked}" + (" !" if got < asked else ""))
+        lines.append(row)
+    short = int((table["got"] < table["asked"]).sum())
+    title = (
+        f"external groups received/asked (J) per round, last {len(rounds)} round(s); "
+        f"short in {short} of {len(table)} worker-rounds"
+    )
+    return title + "\n" + _columns(lines)
 
 
 def reader_config(args: argparse.Namespace):

@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 
 def reward_rows(exchange: Exchange) -> list[dict]:
-    """One row per valid reward file: node, round, stage, reward, local and external groups."""
+    """One row per valid reward file: node, round, stage, reward, local and external groups, J asked."""
     layout, rows = exchange.layout, []
     for round_info in exchange.storage.list(layout.rewards_dir):
         round_ = parse_round_dir(round_info.name)
@@ -38,6 +38,7 @@ def reward_rows(exchange: Exchange) -> list[dict]:
                         "reward": rec.reward,
                         "local_groups": rec.num_local_groups,
                         "external_groups": rec.num_external_groups,
+                        "external_requested": rec.external_requested,
                     }
                 )
     return rows
