@@ -49,6 +49,13 @@ SWARM_LOCAL_DIR = ""  #@param {type:"string"}
 EXTRA_ENV = {}
 """
 
+#: For the notebooks whose nodes run in several runtimes (coordinator, worker) and for the monitor.
+LAG_PARAMS = """\
+# Seconds another runtime's writes may take to appear here. auto: 90 with STORAGE = "mount" (Colab's mount
+# syncs late; the round interval, rollout wait and liveness timeouts follow it), 0 with STORAGE = "api".
+SYNC_LAG = "auto"  #@param ["auto", "0", "30", "60", "90", "120", "180"] {allow-input: true}
+"""
+
 TRAINING_PARAMS = """\
 # A worker checkpoints when this many minutes have passed since its last checkpoint (besides every
 # CHECKPOINT_INTERVAL rounds), so a recycled runtime loses at most that much training; 0: off.
@@ -170,6 +177,9 @@ STORAGE_ARGS = """\
     storage=STORAGE,
     drive_mount=DRIVE_MOUNT,"""
 
+LAG_ARGS = """\
+    sync_lag=SYNC_LAG,"""
+
 EXPERIMENT_ENV_ARGS = f"""\
     GDRIVE_PATH,
     EXPERIMENT_NAME,
@@ -227,6 +237,8 @@ def notebook(name: str, title: str, parameters: str, cells: list, runtime: dict,
         ],
         metadata=metadata,
     )
+    for index, cell in enumerate(nb.cells):  # stable ids: rebuilding an unchanged notebook changes nothing
+        cell["id"] = f"{Path(name).stem}-{index}"
     path = HERE / name
     nbformat.validate(nb)
     nbformat.write(nb, path)
@@ -245,16 +257,20 @@ def build() -> list[Path]:
             EXPERIMENT_PARAMS
             + """\
 MIN_WORKERS = 2  #@param {type:"integer"}
-COORDINATOR_ROUND_INTERVAL = 900  #@param {type:"number"}
+# Seconds before a round closes without every worker's reward; 0: 60 + 4 x SYNC_LAG.
+COORDINATOR_ROUND_INTERVAL = 0  #@param {type:"number"}
 RESET_EXPERIMENT = False  #@param {type:"boolean"}
-""",
+"""
+            + LAG_PARAMS,
             [
                 new_code_cell(
                     "from swarm_gdrive import notebook\n\nenv = notebook.node_env(\n"
                     + EXPERIMENT_ENV_ARGS
+                    + "\n"
+                    + LAG_ARGS
                     + """
     MIN_WORKERS=MIN_WORKERS,
-    COORDINATOR_ROUND_INTERVAL=COORDINATOR_ROUND_INTERVAL,
+    COORDINATOR_ROUND_INTERVAL=COORDINATOR_ROUND_INTERVAL or None,
     RESET_EXPERIMENT=RESET_EXPERIMENT,
     NODE_ROLE="coordinator",
     NODE_ID="coordinator",
@@ -281,6 +297,7 @@ RESET_EXPERIMENT = False  #@param {type:"boolean"}
 NODE_ID = ""  #@param {type:"string"}
 DEVICE = "auto"  #@param ["auto", "cpu", "cuda", "cuda:0"]
 """
+            + LAG_PARAMS
             + TRAINING_PARAMS,
             [
                 new_code_cell(
@@ -288,6 +305,8 @@ DEVICE = "auto"  #@param ["auto", "cpu", "cuda", "cuda:0"]
                     + EXPERIMENT_ENV_ARGS
                     + "\n"
                     + TRAINING_ARGS
+                    + "\n"
+                    + LAG_ARGS
                     + """
     NODE_ID=notebook.require_node_id(NODE_ID),
     DEVICE=DEVICE,
@@ -363,14 +382,14 @@ assert all(code == 0 for code in codes.values()), codes"""
             "error events), the report's plots, and a live dashboard. Re-run the cells to refresh.",
             """\
 EXPERIMENT_NAME = "my-run"  #@param {type:"string"}
-LIVENESS_TIMEOUT = 120  #@param {type:"number"}
 REPORT_DIR = "/content/swarm-report"  #@param {type:"string"}
 LIVE_DASHBOARD = True  #@param {type:"boolean"}
 # The dashboard redraws every REFRESH_SECONDS for DASHBOARD_MINUTES (the stop button ends it sooner; 0: once).
 REFRESH_SECONDS = 30  #@param {type:"number"}
 DASHBOARD_MINUTES = 60  #@param {type:"number"}
 EXTRA_ENV = {}
-""",
+"""
+            + LAG_PARAMS,
             [
                 new_code_cell(
                     f"""\
@@ -380,8 +399,9 @@ env = notebook.node_env(
     GDRIVE_PATH,
     EXPERIMENT_NAME,
 {STORAGE_ARGS}
+{LAG_ARGS}
 )
-snapshot, findings = notebook.show_status(env, LIVENESS_TIMEOUT)"""
+snapshot, findings = notebook.show_status(env)  # a heartbeat is stale after LIVENESS_TIMEOUT (from SYNC_LAG)"""
                 ),
                 new_code_cell("snapshot.rewards.tail(20)"),
                 new_code_cell("files = notebook.show_report(env, REPORT_DIR)"),

@@ -244,6 +244,27 @@ def small_model_settings() -> dict[str, str]:
     return {k: v for k, v in DEMO_TRAINING.items() if k not in own}
 
 
+#: SYNC_LAG for ``sync_lag="auto"``: Colab's Drive mount shows other runtimes' writes seconds to minutes late
+#: (the lagged-mount figures in GDRIVE_IMPLEMENTATION.md §16 were run at up to 120 s); the API does not lag.
+AUTO_SYNC_LAG = {"mount": 90.0, "api": 0.0}
+
+
+def resolve_sync_lag(storage: str, value: str | float | None) -> float | None:
+    """SYNC_LAG for the notebook's ``STORAGE`` and ``SYNC_LAG`` parameters: ``auto`` follows the storage mode,
+    a number is kept, None (a notebook whose nodes share one runtime) sets nothing."""
+    if value is None:
+        return None
+    text = str(value).strip().lower()
+    if text == "auto":
+        if storage not in AUTO_SYNC_LAG:
+            raise ValueError(f"STORAGE={storage!r}: use one of {', '.join(STORAGE_MODES)}")
+        return AUTO_SYNC_LAG[storage]
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"SYNC_LAG={value!r}: use auto or a number of seconds, e.g. 90") from None
+
+
 def node_env(
     gdrive_path: str,
     experiment: str,
@@ -252,15 +273,20 @@ def node_env(
     storage: str = "mount",
     drive_mount: str = DRIVE_MOUNT,
     hub_token_secret: str = "",
+    sync_lag: str | float | None = None,
     **values: object,
 ) -> dict[str, str]:
     """The environment shared by a swarm's nodes: GDRIVE_PATH, EXPERIMENT_NAME, the small-model settings
-    (when ``small_model``), ``values``, then ``extra`` (a dict of any other variables), then the Hub token
-    from the Colab secret ``hub_token_secret`` (if any). GDRIVE_PATH is resolved for ``storage``
-    (:func:`shared_folder`) with the credentials and endpoint of this environment."""
+    (when ``small_model``), SYNC_LAG (from ``sync_lag``, see :func:`resolve_sync_lag`), ``values``, then ``extra`` (a
+    dict of any other variables), then the Hub token from the Colab secret ``hub_token_secret`` (if any).
+    GDRIVE_PATH is resolved for ``storage`` (:func:`shared_folder`) with the credentials and endpoint of this
+    environment."""
     env = {"GDRIVE_PATH": str(gdrive_path), "EXPERIMENT_NAME": experiment}
     if small_model:
         env.update(small_model_settings())
+    lag = resolve_sync_lag(storage, sync_lag)
+    if lag is not None:
+        env["SYNC_LAG"] = f"{lag:g}"
     env.update(settings(**values))
     env.update({str(k): str(v) for k, v in (extra or {}).items()})
     env.update(hub_token_env(hub_token_secret))
@@ -467,11 +493,15 @@ def reader(env_or_path: EnvOrPath, experiment: str | None = None) -> tuple[Confi
     return config, storage_for(config)
 
 
-def show_status(env_or_path: EnvOrPath, liveness_timeout: float = 120.0, experiment: str | None = None):
-    """Print the status table and the health findings of an experiment; returns (snapshot, findings)."""
+def show_status(env_or_path: EnvOrPath, liveness_timeout: float | None = None, experiment: str | None = None):
+    """Print the status table and the health findings of an experiment; returns (snapshot, findings).
+
+    A heartbeat older than ``liveness_timeout`` is stale; None: the environment's LIVENESS_TIMEOUT (which
+    SYNC_LAG raises), as the coordinator judges it."""
     from swarm_gdrive import monitor
 
     config, storage = reader(env_or_path, experiment)
+    liveness_timeout = config.liveness_timeout if liveness_timeout is None else liveness_timeout
     snapshot = monitor.load(storage, config.experiment_name, liveness_timeout=liveness_timeout)
     found = monitor.findings(snapshot, liveness_timeout)
     print(monitor.status_table(snapshot))

@@ -208,3 +208,32 @@ def test_the_hub_token_comes_from_colab_secrets_and_says_why_when_it_cannot(stan
     asked = [json.loads(line)["key"] for line in (standin_colab / "calls.jsonl").read_text().splitlines()]
     assert asked == ["HF_TOKEN", "MISSING", "DENIED", "EMPTY"]
     assert notebook.flush_drive(str(standin_colab / "content" / "drive")) is False  # in Colab, but nothing mounted
+
+
+def test_the_committed_notebooks_are_what_build_notebooks_writes(tmp_path, monkeypatch):
+    """Edit build_notebooks.py, then run it: a hand edit of a notebook, or a forgotten rebuild, fails here."""
+    sys.path.insert(0, str(NOTEBOOKS))
+    try:
+        import build_notebooks
+    finally:
+        sys.path.remove(str(NOTEBOOKS))
+    monkeypatch.setattr(build_notebooks, "HERE", tmp_path)
+    built = build_notebooks.build()
+    assert {p.name for p in built} == CPU_NOTEBOOKS | GPU_NOTEBOOKS
+    for path in built:
+        assert json.loads(path.read_text()) == json.loads((NOTEBOOKS / path.name).read_text()), path.name
+
+
+def test_sync_lag_follows_the_storage_mode_unless_set(tmp_path):
+    drive = tmp_path / "drive"
+    drive.mkdir()
+    assert notebook.resolve_sync_lag("mount", "auto") == 90 and notebook.resolve_sync_lag("api", "auto") == 0
+    assert notebook.resolve_sync_lag("mount", "30") == 30 and notebook.resolve_sync_lag("mount", None) is None
+    with pytest.raises(ValueError, match="SYNC_LAG='soon'"):
+        notebook.resolve_sync_lag("mount", "soon")
+    env = notebook.node_env(str(drive), "e", sync_lag="auto", storage="mount")
+    assert env["SYNC_LAG"] == "90"
+    config = notebook.effective_config(env)  # the timeouts the nodes derive from it
+    assert (config.coordinator_round_interval, config.rollout_wait_timeout, config.liveness_timeout) == (420, 210, 300)
+    assert "SYNC_LAG" not in notebook.node_env(str(drive), "e")  # one runtime's nodes: no lag between them
+    assert notebook.node_env(str(drive), "e", sync_lag="auto", extra={"SYNC_LAG": "5"})["SYNC_LAG"] == "5"
