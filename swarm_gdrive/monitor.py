@@ -347,10 +347,13 @@ def _external_findings(snapshot: Snapshot) -> list[Finding]:
         return []
     share = len(short) / len(table)
     rounds = sorted({int(r) for r in short["round"]})
+    per_node = short.groupby("node").size()
+    worst = ", ".join(f"{node} {count}" for node, count in per_node.sort_values(ascending=False).head(8).items())
     message = (
         f"SAPO got fewer external groups than asked in {len(short)} of {len(table)} worker-rounds "
         f"({share:.0%}; {int(table['got'].sum())} of {int(table['asked'].sum())} groups received; "
-        f"round(s) {_ranges(rounds[:20])}{' ...' if len(rounds) > 20 else ''})"
+        f"round(s) {_ranges(rounds[:20])}{' ...' if len(rounds) > 20 else ''}; short rounds by worker: {worst}"
+        f"{' ...' if len(per_node) > 8 else ''})"
     )
     events = snapshot.events
     expired = int((events["event"] == "rollout_wait_expired").sum()) if not events.empty else 0

@@ -92,7 +92,7 @@ def test_a_shortfall_in_a_share_of_rounds_is_a_warning_naming_counts_and_rounds(
     assert warning.severity == "warning"
     assert warning.message.startswith(
         "SAPO got fewer external groups than asked in 3 of 8 worker-rounds "
-        "(38%; 12 of 16 groups received; round(s) 1, 2)"
+        "(38%; 12 of 16 groups received; round(s) 1, 2; short rounds by worker: w2 2, w1 1)"
     )
     assert "too few groups with reward variance" in warning.message
     assert findings(snapshot(starved()))[0].code == "sapo_starved"  # warnings come before infos

@@ -204,3 +204,17 @@ def test_run_ends_on_the_stop_button(folder, capsys):
 def test_findings_html_colors_by_severity():
     text = findings_html([Finding("error", "x", "a <b>"), Finding("info", "state", "ok")])
     assert "#c62828" in text and "#1565c0" in text and "a &lt;b&gt;" in text
+
+
+def test_the_dashboard_shows_sapo_starvation_first_among_warnings(tmp_path):
+    """A lone worker asking for J = 1 external group gets none, every round: the dashboard says so in red or
+    orange at the top, never silently."""
+    shared = tmp_path / "starved"
+    shared.mkdir()
+    run_swarm(shared, workers=1, rounds=2, transplants=1)
+    dash = Dashboard(LocalStorage(shared), refresh_s=0)
+    dash.refresh()
+    (starved,) = [f for f in dash.last_findings if f.code == "sapo_starved"]
+    assert starved.severity == "warning" and "w1" in starved.message
+    html = dash.output.outputs[0]["data"]["text/html"]
+    assert "sapo_starved" in html and html.index("sapo_starved") < html.index("</ul>")
