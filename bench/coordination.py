@@ -1,6 +1,6 @@
 """Coordination cost of the protocol: round overhead and storage calls per node per round, against N and J.
 
-A real coordinator and N real workers (``swarm_gdrive.coordinator`` / ``worker``, the synthetic
+A real coordinator and N real workers (``swarm_gdrive.protocol.coordinator`` / ``worker``, the synthetic
 workload: the full protocol, no model) run as threads of this process, against a local folder or
 the Drive emulator (``tests/drive_emulator.py``) with a per-request latency. Every node gets its
 own backend instance, wrapped in :class:`CountingStorage`, which records each storage call (when
@@ -40,12 +40,12 @@ from typing import Any
 
 from bench.common import finite, machine_info, machine_line, machine_tag, markdown_table, source_version, write_result
 from swarm_gdrive.config import Config, from_env
-from swarm_gdrive.coordinator import Coordinator
-from swarm_gdrive.identity import claim_identity
-from swarm_gdrive.layout import Layout
+from swarm_gdrive.protocol.coordinator import Coordinator
+from swarm_gdrive.protocol.identity import claim_identity
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.protocol.worker import Worker
+from swarm_gdrive.protocol.workload import StageContext, SyntheticWorkload
 from swarm_gdrive.storage import DEFAULT_MAX_READ_BYTES, FileInfo, LocalStorage, Storage
-from swarm_gdrive.worker import Worker
-from swarm_gdrive.workload import StageContext, SyntheticWorkload
 
 TESTS_DIR = Path(__file__).resolve().parent.parent / "tests"
 

@@ -20,8 +20,8 @@ import torch
 
 from bench.common import machine_info, machine_line, machine_tag, markdown_table, source_version, write_result
 from bench.models import QUESTIONS, add_model_options, load, sync
-from swarm_gdrive.tasks import build_messages
-from swarm_gdrive.trainer import PolicyTrainer, TrainSettings, peak_memory_mb, pick_device
+from swarm_gdrive.training.policy import PolicyTrainer, TrainSettings, peak_memory_mb, pick_device
+from swarm_gdrive.training.tasks import build_messages
 
 
 def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:

@@ -9,7 +9,7 @@ groups plus ``j`` groups taken from other workers, with ``i + j`` the same in ev
 so worker-k draws the same questions in the same order in each (the J > 0 run draws the first ``i``).
 
 After each run the rewards are read back from the shared folder with the package's own loaders
-(``swarm_gdrive.analysis``, ``swarm_gdrive.report``, ``swarm_gdrive.monitor``) and the study is
+(``swarm_gdrive.observe.analysis``, ``swarm_gdrive.observe.report``, ``swarm_gdrive.observe.monitor``) and the study is
 written to ``bench/results/learning_<tag>.{json,md,png}``. A configuration already finished with the
 same settings is not run again (``--force`` reruns it), so a stopped study resumes where it stopped.
 
@@ -83,29 +83,36 @@ def config_name(groups: int, j: int) -> str:
 
 
 def node_env(args: argparse.Namespace, folder: Path, experiment: str, j: int, local_dir: str) -> dict[str, str]:
-    """The environment of every node of one configuration: the demo's, with this study's settings."""
-    from swarm_gdrive.cli import demo_env
+    """The environment of every node of one configuration: the demo's (local processes, the small-model preset),
+    with this study's settings."""
+    from swarm_gdrive.config import LOCAL_SWARM_PRESET, SMALL_MODEL_PRESET, swarm_env
 
-    demo_args = argparse.Namespace(
-        experiment=experiment,
-        rounds=args.rounds,
-        transplants=j,
-        workers=args.workers,
-        local_dir=local_dir,
-        workload="grpo",
-        model=args.model,
-        device="cpu",
-        set=[
-            f"NUM_TRAIN_SAMPLES={args.groups - j}",
-            f"SEED={args.seed}",
-            f"EVAL_INTERVAL={args.eval_interval}",
-            f"EVAL_SAMPLES={args.eval_samples}",
-            # The round closes when every worker has submitted; these only bound a stalled node.
-            f"COORDINATOR_ROUND_INTERVAL={max(900, int(args.timeout))}",
-            *args.set,
-        ],
+    env = swarm_env(
+        folder,
+        experiment,
+        LOCAL_SWARM_PRESET,
+        SMALL_MODEL_PRESET,
+        MAX_ROUNDS=args.rounds,
+        NUM_TRANSPLANT_TREES=j,
+        MIN_WORKERS=args.workers,
+        SWARM_LOCAL_DIR=local_dir,
+        WORKLOAD="grpo",
+        OMP_NUM_THREADS=max(1, (os.cpu_count() or 2) // max(args.workers, 1)),
+        MODEL_NAME=args.model,
+        DEVICE="cpu",
+        NUM_TRAIN_SAMPLES=args.groups - j,
+        SEED=args.seed,
+        EVAL_INTERVAL=args.eval_interval,
+        EVAL_SAMPLES=args.eval_samples,
+        # The round closes when every worker has submitted; these only bound a stalled node.
+        COORDINATOR_ROUND_INTERVAL=max(900, int(args.timeout)),
     )
-    return demo_env(str(folder), demo_args)
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"bench learning: --set {item!r}: write VARIABLE=value")
+        env[key] = value
+    return env
 
 
 def settings_digest(env: dict[str, str]) -> str:
@@ -164,8 +171,8 @@ def run_configuration(args: argparse.Namespace, folder: Path, experiment: str, e
 
 def summarise(folder: Path, experiment: str, rounds: int | None = None) -> dict:
     """Per node: reward per round, cumulative reward, groups used, held-out pass@1; read with the package's loaders."""
-    from swarm_gdrive import monitor
-    from swarm_gdrive.analysis import completed_rounds, cumulative_rewards, eval_mean
+    from swarm_gdrive.observe import monitor
+    from swarm_gdrive.observe.analysis import completed_rounds, cumulative_rewards, eval_mean
     from swarm_gdrive.storage import LocalStorage
 
     storage = LocalStorage(folder)
@@ -246,8 +253,8 @@ def _metric_means(metrics) -> dict:
 
 def local_groups(folder: Path, experiment: str, k: int, rounds: int) -> dict[str, dict[int, list[tuple[str, float]]]]:
     """node -> round -> (question, mean reward) of the node's first ``k`` local groups, from its rollout files."""
-    from swarm_gdrive.exchange import Exchange
-    from swarm_gdrive.layout import Layout
+    from swarm_gdrive.protocol.exchange import Exchange
+    from swarm_gdrive.protocol.layout import Layout
     from swarm_gdrive.storage import LocalStorage
 
     exchange = Exchange(LocalStorage(folder), Layout(experiment), "learning-study")
@@ -299,10 +306,10 @@ def _paired(mine: dict[int, list[tuple[str, float]]], theirs: dict[int, list[tup
 
 
 def comparison(folder: Path, names: list[str], baseline: str) -> list[dict]:
-    """``swarm_gdrive.analysis.compare`` over the rounds every configuration completed."""
+    """``swarm_gdrive.observe.analysis.compare`` over the rounds every configuration completed."""
     from dataclasses import asdict
 
-    from swarm_gdrive.analysis import compare
+    from swarm_gdrive.observe.analysis import compare
     from swarm_gdrive.storage import LocalStorage
 
     rows = compare(LocalStorage(folder), names, baseline)
@@ -402,7 +409,7 @@ def markdown(study: dict) -> str:
             f"{_num(s['cumulative_max'])} | {_num(r, '{:.2f}x')} | {trained} | "
             f"{_num(s['eval_pass1_first'])} -> {_num(s['eval_pass1_last'])} | {_num(conf.get('wall_s'), '{:.0f}')} |"
         )
-    lines += ["", "## Against the baseline (`swarm_gdrive.analysis.compare`, rounds all configurations completed)", ""]
+    lines += ["", "## Against the baseline (`observe.analysis.compare`, rounds all configurations completed)", ""]
     lines.append("| configuration | rounds | cumulative mean (95% bootstrap CI) | difference (95% CI) | p | Hedges g |")
     lines.append("|---|---|---|---|---|---|")
     for c in study.get("comparison", []):
@@ -556,7 +563,7 @@ def _jsonable(x):
 
 def prepare_model(args: argparse.Namespace, folder: Path) -> None:
     if args.tiny:
-        from swarm_gdrive.tiny_model import build_tiny_model, teach_answer_format
+        from swarm_gdrive.training.tiny_model import build_tiny_model, teach_answer_format
 
         tiny = folder / "tiny-model"
         if not (tiny / "config.json").exists():
@@ -564,7 +571,7 @@ def prepare_model(args: argparse.Namespace, folder: Path) -> None:
         args.model = str(tiny)
     else:
         from swarm_gdrive.config import Config
-        from swarm_gdrive.models import resolve_model
+        from swarm_gdrive.training.models import resolve_model
 
         resolve_model(args.model, Path(Config.model_cache_dir).expanduser())
 

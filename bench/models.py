@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from swarm_gdrive.models import load_model_and_tokenizer, resolve_model
+from swarm_gdrive.training.models import load_model_and_tokenizer, resolve_model
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_CACHE = Path("~/.cache/swarm-gdrive/models").expanduser()

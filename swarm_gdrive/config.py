@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swarm_gdrive.layout import InvalidNameError, validate_name
+from swarm_gdrive.names import InvalidNameError, validate_name
 
 ROLES = ("coordinator", "worker")
 PUBLISH_FREQUENCIES = ("generation", "stage", "round")
 WORKLOADS = ("grpo", "synthetic")
+#: The GRPO losses and advantage scalings (TRL's names); training.grpo implements exactly these.
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -33,6 +34,37 @@ TEST_MODE_PRESET: dict[str, str] = {
     "MAX_ROUNDS": "3",
     "NUM_TRAIN_SAMPLES": "4",
     "NUM_GENERATIONS": "4",
+}
+
+#: A learning signal on a small model (the packaged SmolLM2-135M-Instruct) within minutes on CPU cores, as in
+#: ``swarm-gdrive demo`` and the notebooks' SMALL_MODEL_SETTINGS (docs/training.md): the easiest settings of two
+#: arithmetic tasks, the assistant's turn opened with <answer> (the model rarely writes the tag unprompted, so
+#: strict scoring gives every group zero variance), lenient extraction as a fallback, short completions.
+SMALL_MODEL_PRESET: dict[str, str] = {
+    "TASKS": "chain_sum,basic_arithmetic",
+    "TASK_CONFIG": '{"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}, '
+    '"basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}',
+    "ANSWER_PREFIX": "true",
+    "ANSWER_EXTRACTION": "lenient",
+    "NUM_TRAIN_SAMPLES": "4",
+    "NUM_GENERATIONS": "4",
+    "MAX_NEW_TOKENS": "24",
+    "TEMPERATURE": "0.7",
+    "LEARNING_RATE": "5e-6",
+    "EVAL_SAMPLES": "8",  # held-out pass@1 before the first round and after the last
+}
+
+#: Protocol settings for nodes that share one machine's CPU cores (``swarm-gdrive demo``, the learning study):
+#: model loading and CPU training steps can starve a heartbeat or a round for minutes, and a run of a few rounds
+#: needs only its final checkpoint.
+LOCAL_SWARM_PRESET: dict[str, str] = {
+    "HEARTBEAT_INTERVAL": "2",
+    "LIVENESS_TIMEOUT": "600",
+    "POLL_INTERVAL_MIN": "0.1",
+    "POLL_INTERVAL_MAX": "1",
+    "COORDINATOR_ROUND_INTERVAL": "900",
+    "ROLLOUT_WAIT_TIMEOUT": "300",
+    "CHECKPOINT_INTERVAL": "1000",
 }
 
 #: Fields that define an experiment: a coordinator refuses to resume an experiment
@@ -569,6 +601,30 @@ class Config:
         return out
 
 
+def env_values(**values: object) -> dict[str, str]:
+    """Keyword values as environment variables: names upper-cased, None and "" left out, booleans lower-case."""
+    env: dict[str, str] = {}
+    for key, value in values.items():
+        if value is None or value == "":
+            continue
+        env[key.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
+    return env
+
+
+def swarm_env(gdrive_path: str, experiment: str, *presets: Mapping[str, str], **values: object) -> dict[str, str]:
+    """The environment a swarm's nodes share: GDRIVE_PATH and EXPERIMENT_NAME, then each preset in order (e.g.
+    :data:`LOCAL_SWARM_PRESET`, :data:`SMALL_MODEL_PRESET`), then ``values`` (see :func:`env_values`).
+
+    The one builder of node environments: ``swarm-gdrive demo``, the notebooks and the benchmarks all use it;
+    each node adds its NODE_ROLE and NODE_ID.
+    """
+    env = {"GDRIVE_PATH": str(gdrive_path), "EXPERIMENT_NAME": experiment}
+    for preset in presets:
+        env.update(preset)
+    env.update(env_values(**values))
+    return env
+
+
 def env_fields() -> list[dataclasses.Field]:
     """The fields of :class:`Config`, each with ``metadata['env']`` and ``metadata['help']``."""
     return list(dataclasses.fields(Config))
@@ -658,7 +714,7 @@ def _check_lag(config: Config) -> None:
 @functools.lru_cache(maxsize=32)
 def _check_task_mix(tasks: str | None, task_config: str | None, difficulty: str) -> None:
     """Build the task mix once per distinct value (it constructs reasoning-gym datasets)."""
-    from swarm_gdrive.tasks import parse_task_mix  # imports reasoning-gym: workers only
+    from swarm_gdrive.training.tasks import parse_task_mix  # imports reasoning-gym: workers only
 
     parse_task_mix(tasks, task_config, difficulty)
 

@@ -15,12 +15,12 @@ from typing import Any
 
 from swarm_gdrive import logctx
 from swarm_gdrive.config import Config, ConfigError, from_env
-from swarm_gdrive.coordinator import Coordinator, ExperimentMismatchError
-from swarm_gdrive.identity import Identity, IdentityError, claim_identity
-from swarm_gdrive.models import ModelNotFoundError
+from swarm_gdrive.protocol.coordinator import Coordinator, ExperimentMismatchError
+from swarm_gdrive.protocol.identity import Identity, IdentityError, claim_identity
+from swarm_gdrive.protocol.worker import Worker
+from swarm_gdrive.protocol.workload import SyntheticWorkload, Workload
 from swarm_gdrive.storage import Storage, StorageError, storage_for
-from swarm_gdrive.worker import Worker
-from swarm_gdrive.workload import SyntheticWorkload, Workload
+from swarm_gdrive.training.models import ModelNotFoundError
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def restore_signal_handlers(previous: dict[int, Any]) -> None:
 def make_workload(config: Config, storage: Storage, node_id: str, stop: threading.Event) -> Workload:
     """The workload named by WORKLOAD."""
     if config.workload == "grpo":
-        from swarm_gdrive.grpo_workload import GRPOWorkload  # torch and transformers: workers only
+        from swarm_gdrive.training.grpo_workload import GRPOWorkload  # torch and transformers: workers only
 
         return GRPOWorkload(config, storage, node_id, stop)
     if config.workload == "synthetic":
@@ -112,7 +112,7 @@ def _run_role(config: Config, identity: Identity, stop: threading.Event) -> int:
 
 def _device_error() -> type[Exception]:
     """trainer.DeviceError when torch is already loaded (a worker), else a class nothing raises."""
-    trainer = sys.modules.get("swarm_gdrive.trainer")
+    trainer = sys.modules.get("swarm_gdrive.training.policy")
     return trainer.DeviceError if trainer is not None else ExperimentMismatchError
 
 

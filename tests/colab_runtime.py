@@ -167,11 +167,11 @@ def build_wheel(dest: Path, work: Path) -> Path:
 
 
 def tiny_model(env: ColabEnvironment, dest: Path) -> Path:
-    """swarm_gdrive.tiny_model's model, saved by the Colab-like environment's transformers: a folder saved by
+    """swarm_gdrive.training.tiny_model's model, saved by the Colab-like environment's transformers: a folder saved by
     transformers 5 names a tokenizer class (TokenizersBackend) that Colab's 4.x cannot load."""
     code = (
         f"import sys; sys.path.insert(0, {str(REPO)!r}); "
-        "from swarm_gdrive.tiny_model import build_tiny_model; "
+        "from swarm_gdrive.training.tiny_model import build_tiny_model; "
         f"print(build_tiny_model({str(dest)!r}))"
     )
     _run([env.python, "-c", code], "building the tiny model in the Colab-like environment", cwd=dest.parent)

@@ -25,6 +25,6 @@ def one_thread() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random model saved once per test module."""
-    from swarm_gdrive.tiny_model import build_tiny_model
+    from swarm_gdrive.training.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")

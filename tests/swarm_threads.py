@@ -6,11 +6,11 @@ import threading
 from pathlib import Path
 
 from swarm_gdrive.config import from_env
-from swarm_gdrive.coordinator import Coordinator
-from swarm_gdrive.identity import claim_identity
+from swarm_gdrive.protocol.coordinator import Coordinator
+from swarm_gdrive.protocol.identity import claim_identity
+from swarm_gdrive.protocol.worker import Worker
+from swarm_gdrive.protocol.workload import SyntheticWorkload
 from swarm_gdrive.storage import LocalStorage
-from swarm_gdrive.worker import Worker
-from swarm_gdrive.workload import SyntheticWorkload
 
 
 class Node(threading.Thread):

@@ -1,12 +1,13 @@
 """The storage contract every backend satisfies, and the retry policy backends share.
 
 Paths are relative POSIX strings (``experiments/x/state/current_state.json``) built by
-:mod:`swarm_gdrive.layout`. Retries and backoff live in backends and only there.
+:mod:`swarm_gdrive.protocol.layout`. Retries and backoff live in backends and only there.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -49,6 +50,28 @@ class NotRegularFileError(StorageError):
     def __init__(self, path: str, what: str) -> None:
         self.path, self.what = path, what
         super().__init__(f"{path}: {what}, not a regular file")
+
+
+# -- temporary names: part of the storage contract -----------------------------------------------------------
+
+
+def is_temporary(name: str) -> bool:
+    """True for names that are never a finished protocol file: hidden, editor or sync temporaries.
+
+    Every backend writes a file under a temporary name first and lists none of them (unless asked), so a
+    reader never sees a half-written file; names that look like one are refused as protocol names too.
+    """
+    return name.startswith((".", "~")) or name.endswith((".tmp", ".partial", ".part"))
+
+
+def temp_name_for(name: str) -> str:
+    """Hidden temporary sibling of ``name``; it starts with the final name so its owner can find it."""
+    return f".{name}.{uuid.uuid4().hex[:12]}.tmp"
+
+
+def is_temp_of(temp: str, name: str) -> bool:
+    """True if ``temp`` is a temporary name made by :func:`temp_name_for` for ``name``."""
+    return temp.startswith(f".{name}.") and temp.endswith(".tmp")
 
 
 @dataclass(frozen=True)

@@ -35,13 +35,13 @@ from datetime import datetime
 from pathlib import PurePosixPath
 from typing import Any
 
-from swarm_gdrive.layout import is_temporary
 from swarm_gdrive.storage.base import (
     DEFAULT_MAX_READ_BYTES,
     FileInfo,
     FileTooLargeError,
     StorageError,
     StorageUnavailableError,
+    is_temporary,
     retrying,
 )
 

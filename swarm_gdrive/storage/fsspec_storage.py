@@ -45,7 +45,6 @@ from typing import Any, TypeVar
 
 import fsspec
 
-from swarm_gdrive.layout import is_temporary
 from swarm_gdrive.storage.base import (
     DEFAULT_MAX_READ_BYTES,
     FileInfo,
@@ -53,9 +52,11 @@ from swarm_gdrive.storage.base import (
     NotRegularFileError,
     StorageError,
     StorageUnavailableError,
+    is_temporary,
     retrying,
+    temp_name_for,
 )
-from swarm_gdrive.storage.local import TRANSIENT_ERRNOS, temp_name_for
+from swarm_gdrive.storage.local import TRANSIENT_ERRNOS
 
 logger = logging.getLogger(__name__)
 

@@ -13,10 +13,8 @@ import logging
 import os
 import shutil
 import stat
-import uuid
 from pathlib import Path, PurePosixPath
 
-from swarm_gdrive.layout import is_temporary
 from swarm_gdrive.storage.base import (
     DEFAULT_MAX_READ_BYTES,
     FileInfo,
@@ -24,7 +22,9 @@ from swarm_gdrive.storage.base import (
     NotRegularFileError,
     StorageError,
     StorageUnavailableError,
+    is_temporary,
     retrying,
+    temp_name_for,
 )
 
 logger = logging.getLogger(__name__)
@@ -42,16 +42,6 @@ def is_transient_os_error(exc: BaseException) -> bool:
     if isinstance(exc, OSError):
         return exc.errno in TRANSIENT_ERRNOS or "Transport endpoint is not connected" in str(exc)
     return False
-
-
-def temp_name_for(name: str) -> str:
-    """Hidden temporary sibling of ``name``; it starts with the final name so its owner can find it."""
-    return f".{name}.{uuid.uuid4().hex[:12]}.tmp"
-
-
-def is_temp_of(temp: str, name: str) -> bool:
-    """True if ``temp`` is a temporary name made by :func:`temp_name_for` for ``name``."""
-    return temp.startswith(f".{name}.") and temp.endswith(".tmp")
 
 
 class LocalStorage:

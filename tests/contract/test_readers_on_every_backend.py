@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm_gdrive.cli import summary_table
-from swarm_gdrive.monitor import load
+from swarm_gdrive.observe.monitor import load, summary_table
 from swarm_gdrive.storage import LocalStorage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

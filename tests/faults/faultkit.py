@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swarm_gdrive.layout import Layout, is_temporary, parse_round_dir
 from swarm_gdrive.procs import NodeProcess, stop_all
-from swarm_gdrive.records import (
+from swarm_gdrive.protocol.layout import Layout, parse_round_dir
+from swarm_gdrive.protocol.records import (
     EventRecord,
     ExperimentRecord,
     MetricRecord,
@@ -26,6 +26,7 @@ from swarm_gdrive.records import (
     decode_lines,
 )
 from swarm_gdrive.storage import LocalStorage
+from swarm_gdrive.storage.base import is_temporary
 
 HOOK_DIR = Path(__file__).resolve().parent / "hook"
 TESTS_DIR = Path(__file__).resolve().parent.parent

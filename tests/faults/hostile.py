@@ -8,8 +8,8 @@ import os
 import time
 from pathlib import Path
 
-from swarm_gdrive.layout import Layout
-from swarm_gdrive.records import (
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.protocol.records import (
     PeerRecord,
     Provenance,
     RewardRecord,
@@ -18,7 +18,7 @@ from swarm_gdrive.records import (
     StateRecord,
     encode,
 )
-from swarm_gdrive.workload import SYNTHETIC_DATASET, SyntheticWorkload
+from swarm_gdrive.protocol.workload import SYNTHETIC_DATASET, SyntheticWorkload
 
 GIB = 1024**3
 FORGED_QUESTION, FORGED_PROVENANCE, FORGED_REWARDS = "forged-question", "forged-provenance", "forged-rewards"

@@ -7,8 +7,8 @@ import json
 
 from faultkit import LAYOUT
 
-from swarm_gdrive import checkpoint
 from swarm_gdrive.storage import LocalStorage
+from swarm_gdrive.training import checkpoint
 
 FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json")
 

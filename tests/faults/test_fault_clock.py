@@ -21,7 +21,7 @@ from faultkit import (
     wait_until,
 )
 
-from swarm_gdrive.records import PeerRecord, StateRecord
+from swarm_gdrive.protocol.records import PeerRecord, StateRecord
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

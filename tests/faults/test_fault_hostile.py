@@ -29,8 +29,8 @@ from faultkit import (
 )
 from hostile import FORGED_PROVENANCE, FORGED_QUESTION, FORGED_REWARDS, plant_for_coordinator, plant_rollouts
 
-from swarm_gdrive.records import ExperimentRecord
-from swarm_gdrive.workload import SyntheticWorkload
+from swarm_gdrive.protocol.records import ExperimentRecord
+from swarm_gdrive.protocol.workload import SyntheticWorkload
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from faultkit import LAYOUT, check_log
 
-from swarm_gdrive.metrics import NodeLog
-from swarm_gdrive.records import EventRecord, MetricRecord, decode_lines, encode_line
+from swarm_gdrive.protocol.metrics import NodeLog
+from swarm_gdrive.protocol.records import EventRecord, MetricRecord, decode_lines, encode_line
 from swarm_gdrive.storage import LocalStorage
 
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from swarm_gdrive.exchange import Exchange
-from swarm_gdrive.layout import Layout
+from swarm_gdrive.protocol.exchange import Exchange
+from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.storage import LocalStorage
 from swarm_gdrive.storage.base import NotRegularFileError
 
@@ -65,7 +65,7 @@ def test_the_exchange_rejects_them_with_a_reason_and_goes_on(planted):
 
 
 def test_an_outage_longer_than_the_retries_is_ridden_out_by_a_bounded_wait(tmp_path, monkeypatch):
-    from swarm_gdrive.polling import Backoff, wait_for
+    from swarm_gdrive.protocol.polling import Backoff, wait_for
     from swarm_gdrive.storage import local
     from swarm_gdrive.storage.base import StorageUnavailableError
 

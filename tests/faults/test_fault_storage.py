@@ -14,8 +14,15 @@ from faultkit import (
 )
 from trials import run_oserror_trial
 
-from swarm_gdrive.records import EventRecord, MetricRecord, RewardRecord, RolloutBatch, StateRecord, decode_lines
-from swarm_gdrive.records import decode as decode_record
+from swarm_gdrive.protocol.records import (
+    EventRecord,
+    MetricRecord,
+    RewardRecord,
+    RolloutBatch,
+    StateRecord,
+    decode_lines,
+)
+from swarm_gdrive.protocol.records import decode as decode_record
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -27,10 +27,10 @@ from faultkit import (
 )
 from safetensors.torch import load_file
 
-from swarm_gdrive.checkpoint import param_digest
-from swarm_gdrive.records import ExperimentRecord, Provenance, RolloutBatch, RolloutGroup, encode
-from swarm_gdrive.tasks import TaskBank, parse_task_mix, training_limit
-from swarm_gdrive.tiny_model import build_tiny_model, teach_answer_format
+from swarm_gdrive.protocol.records import ExperimentRecord, Provenance, RolloutBatch, RolloutGroup, encode
+from swarm_gdrive.training.checkpoint import param_digest
+from swarm_gdrive.training.tasks import TaskBank, parse_task_mix, training_limit
+from swarm_gdrive.training.tiny_model import build_tiny_model, teach_answer_format
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

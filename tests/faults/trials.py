@@ -30,7 +30,7 @@ from faultkit import (
     wait_until,
 )
 
-from swarm_gdrive.records import StateRecord
+from swarm_gdrive.protocol.records import StateRecord
 
 WORKERS = ["w1", "w2", "w3"]
 ROUNDS = 4

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from swarm_gdrive.config import env_fields
-from swarm_gdrive.layout import Layout
 from swarm_gdrive.procs import NodeProcess
-from swarm_gdrive.records import EventRecord, PeerRecord, decode, decode_lines
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.protocol.records import EventRecord, PeerRecord, decode, decode_lines
 
 pytestmark = pytest.mark.integration
 

@@ -10,9 +10,9 @@ from collections import Counter
 
 import pytest
 
-from swarm_gdrive.layout import Layout
 from swarm_gdrive.procs import NodeProcess, stop_all
-from swarm_gdrive.records import MetricRecord, RewardRecord, RolloutBatch, StateRecord, decode, decode_lines
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.protocol.records import MetricRecord, RewardRecord, RolloutBatch, StateRecord, decode, decode_lines
 from swarm_gdrive.storage.drive import DriveStorage
 from swarm_gdrive.storage.pydrive2_auth import open_pydrive2_storage
 

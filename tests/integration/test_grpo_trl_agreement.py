@@ -1,4 +1,4 @@
-"""``swarm_gdrive.grpo`` against TRL's own GRPOTrainer on a tiny Llama: same advantages, loss and gradients.
+"""``swarm_gdrive.training.grpo`` against TRL's own GRPOTrainer on a tiny Llama: same advantages, loss and gradients.
 
 TRL's side is a real ``trl.GRPOTrainer`` (its fused LM head, its ``_compute_loss``); ours is
 ``per_token_logps`` + ``grpo_loss`` on a deep copy of the same model, taken before TRL patches it.
@@ -15,7 +15,7 @@ import torch
 import transformers
 import trl
 
-from swarm_gdrive.grpo import LossConfig, group_advantages, grpo_loss, per_token_logps
+from swarm_gdrive.training.grpo import LossConfig, group_advantages, grpo_loss, per_token_logps
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from swarm_gdrive.config import from_env
-from swarm_gdrive.layout import Layout
-from swarm_gdrive.records import (
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.protocol.records import (
     EventRecord,
     ExperimentRecord,
     MetricRecord,

@@ -221,7 +221,7 @@ def test_api_mode_signs_in_and_the_nodes_and_readers_use_the_drive_api(colab, wh
     folder named as on the mount (My Drive/rl-swarm) is reached through the API, every request carries the
     sign-in's token (the emulator answers 401 to any other), nothing is written through the mount (which only
     serves PACKAGE_SOURCE, a wheel), and the monitoring notebook's status, report and dashboard read the API."""
-    from swarm_gdrive.records import StateRecord, decode
+    from swarm_gdrive.protocol.records import StateRecord, decode
 
     with DriveEmulator() as emu:
         emu.accept_token(SIGN_IN_TOKEN)

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from swarm_gdrive.config import Config
-from swarm_gdrive.models import load_model_and_tokenizer, resolve_model
-from swarm_gdrive.rewards import ANSWER_OPEN
-from swarm_gdrive.tasks import build_messages
-from swarm_gdrive.trainer import PolicyTrainer, TrainGroup, TrainSettings
+from swarm_gdrive.training.models import load_model_and_tokenizer, resolve_model
+from swarm_gdrive.training.policy import PolicyTrainer, TrainGroup, TrainSettings
+from swarm_gdrive.training.rewards import ANSWER_OPEN
+from swarm_gdrive.training.tasks import build_messages
 
 pytestmark = pytest.mark.slow
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from swarm_gdrive.layout import Layout, is_temporary
 from swarm_gdrive.procs import NodeProcess, stop_all
-from swarm_gdrive.records import (
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.protocol.records import (
     EventRecord,
     ExperimentRecord,
     MetricRecord,
@@ -20,6 +20,7 @@ from swarm_gdrive.records import (
     decode,
     decode_lines,
 )
+from swarm_gdrive.storage.base import is_temporary
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -212,7 +213,7 @@ def test_a_sigkilled_coordinator_restarts_where_it_was_and_the_round_never_goes_
 
 def test_monitor_and_validator_report_a_dead_worker_and_its_missing_rounds(tmp_path):
     """A worker SIGKILLed for good: the swarm finishes on the interval, and the monitor says what happened."""
-    from swarm_gdrive.monitor import findings, load, validate
+    from swarm_gdrive.observe.monitor import findings, load, validate
     from swarm_gdrive.storage import LocalStorage
 
     folder = tmp_path / "drive"

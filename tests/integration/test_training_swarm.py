@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from swarm_gdrive.layout import Layout
 from swarm_gdrive.procs import NodeProcess, stop_all
-from swarm_gdrive.records import EventRecord, MetricRecord, RewardRecord, decode, decode_lines
-from swarm_gdrive.tiny_model import build_tiny_model, teach_answer_format
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.protocol.records import EventRecord, MetricRecord, RewardRecord, decode, decode_lines
+from swarm_gdrive.training.tiny_model import build_tiny_model, teach_answer_format
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LAYOUT = Layout("train")
@@ -129,7 +129,7 @@ def test_a_killed_worker_resumes_from_its_checkpoint_at_the_next_round(tmp_path,
     latest = resumed.data["checkpoint_round"]
     assert latest >= 1
     if latest == 1:  # the kill came before a later checkpoint: the restored weights are exactly round 1's
-        from swarm_gdrive.checkpoint import param_digest
+        from swarm_gdrive.training.checkpoint import param_digest
 
         class Holder(torch.nn.Module):
             def state_dict(self, *args, **kwargs):
@@ -179,7 +179,7 @@ def test_the_hub_token_never_reaches_a_log_or_the_shared_folder(tmp_path, model_
 def test_workers_write_eval_records_every_interval_and_the_report_plots_them(tmp_path, model_dir):
     import subprocess
 
-    from swarm_gdrive.records import EvalRecord
+    from swarm_gdrive.protocol.records import EvalRecord
 
     folder = tmp_path / "drive"
     folder.mkdir()

@@ -45,8 +45,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from swarm_gdrive.layout import is_temporary
-from swarm_gdrive.storage.local import temp_name_for
+from swarm_gdrive.storage.base import is_temporary, temp_name_for
 
 Stat = tuple[int, int, int]  # size, mtime_ns, inode
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from lagged_mount import Lag, LaggedMount
 
-from swarm_gdrive.layout import Layout
 from swarm_gdrive.procs import NodeProcess, stop_all
-from swarm_gdrive.records import EventRecord, MetricRecord, RewardRecord, StateRecord, decode, decode_lines
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.protocol.records import EventRecord, MetricRecord, RewardRecord, StateRecord, decode, decode_lines
 
 EXPERIMENT = "lagged"
 LAYOUT = Layout(EXPERIMENT)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from lagged_mount import Lag, LaggedMount
 
-from swarm_gdrive.layout import is_temporary
 from swarm_gdrive.storage import LocalStorage
+from swarm_gdrive.storage.base import is_temporary
 
 
 def wait_for_file(path: Path, timeout: float, exists: bool = True) -> float:

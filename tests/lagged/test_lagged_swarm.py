@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from lagged_swarm import COORDINATOR, SwarmSpec, run, spread_lags
 
-from swarm_gdrive.monitor import findings, load, status_table
+from swarm_gdrive.observe.monitor import findings, load, status_table
 from swarm_gdrive.storage import LocalStorage
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

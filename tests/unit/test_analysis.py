@@ -8,10 +8,17 @@ import subprocess
 
 import pytest
 
-from swarm_gdrive.analysis import bootstrap_ci, compare, cumulative_rewards, format_table, hedges_g, permutation_p
-from swarm_gdrive.exchange import Exchange
-from swarm_gdrive.layout import Layout
-from swarm_gdrive.records import EvalRecord, RewardRecord, TaskEval
+from swarm_gdrive.observe.analysis import (
+    bootstrap_ci,
+    compare,
+    cumulative_rewards,
+    format_table,
+    hedges_g,
+    permutation_p,
+)
+from swarm_gdrive.protocol.exchange import Exchange
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.protocol.records import EvalRecord, RewardRecord, TaskEval
 from swarm_gdrive.storage import LocalStorage
 
 RUN = "0123456789abcdef"

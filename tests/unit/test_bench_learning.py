@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from swarm_gdrive.exchange import Exchange
-from swarm_gdrive.layout import Layout
-from swarm_gdrive.records import Provenance, RolloutBatch, RolloutGroup
+from swarm_gdrive.protocol.exchange import Exchange
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.protocol.records import Provenance, RolloutBatch, RolloutGroup
 from swarm_gdrive.storage import LocalStorage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))

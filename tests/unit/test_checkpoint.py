@@ -17,8 +17,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from swarm_gdrive import checkpoint  # noqa: E402
-from swarm_gdrive.checkpoint import (  # noqa: E402
+from swarm_gdrive.protocol.layout import Layout  # noqa: E402
+from swarm_gdrive.storage.local import LocalStorage  # noqa: E402
+from swarm_gdrive.training import checkpoint  # noqa: E402
+from swarm_gdrive.training.checkpoint import (  # noqa: E402
     ALLOWED_FILES,
     MANIFEST,
     OPTIMIZER_FILE,
@@ -29,9 +31,7 @@ from swarm_gdrive.checkpoint import (  # noqa: E402
     param_digest,
     restore_training_state,
 )
-from swarm_gdrive.layout import Layout  # noqa: E402
-from swarm_gdrive.models import load_model_and_tokenizer  # noqa: E402
-from swarm_gdrive.storage.local import LocalStorage  # noqa: E402
+from swarm_gdrive.training.models import load_model_and_tokenizer  # noqa: E402
 
 CPU = torch.device("cpu")
 NODE = "node-a"
@@ -382,7 +382,7 @@ def test_load_latest_skips_a_bad_checkpoint_for_the_next_older(
 ) -> None:
     spoil, reason = TAMPERINGS[tamper]
     spoil(shared)
-    with caplog.at_level(logging.WARNING, logger="swarm_gdrive.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="swarm_gdrive.training.checkpoint"):
         restored = load_latest(LocalStorage(shared), LAYOUT, NODE, tmp_path / "restore")
     assert restored is not None
     assert restored.round == 1

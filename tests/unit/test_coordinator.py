@@ -8,10 +8,10 @@ import threading
 import pytest
 
 from swarm_gdrive.config import from_env
-from swarm_gdrive.coordinator import Coordinator, ExperimentMismatchError, Liveness, decide
-from swarm_gdrive.exchange import Exchange
-from swarm_gdrive.layout import Layout
-from swarm_gdrive.records import PeerRecord, RewardRecord, StateRecord, decode, encode
+from swarm_gdrive.protocol.coordinator import Coordinator, ExperimentMismatchError, Liveness, decide
+from swarm_gdrive.protocol.exchange import Exchange
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.protocol.records import PeerRecord, RewardRecord, StateRecord, decode, encode
 from swarm_gdrive.storage import LocalStorage
 
 INTERVAL = 60.0
@@ -277,7 +277,7 @@ def test_reader_keeps_the_newest_state_when_an_older_one_reappears(tmp_path):
 
 
 def test_a_reader_frees_the_batches_of_rounds_it_has_moved_past(tmp_path):
-    from swarm_gdrive.records import RolloutBatch
+    from swarm_gdrive.protocol.records import RolloutBatch
 
     run = "abcdef12"
     storage, layout = LocalStorage(tmp_path), Layout("exp")

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from swarm_gdrive.config import from_env
-from swarm_gdrive.coordinator import WAITING_REPORT_SECONDS, Coordinator
-from swarm_gdrive.exchange import Exchange
-from swarm_gdrive.layout import Layout
-from swarm_gdrive.records import EventRecord, MetricRecord, PeerRecord, RewardRecord, StateRecord, decode_lines
+from swarm_gdrive.protocol.coordinator import WAITING_REPORT_SECONDS, Coordinator
+from swarm_gdrive.protocol.exchange import Exchange
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.protocol.records import EventRecord, MetricRecord, PeerRecord, RewardRecord, StateRecord, decode_lines
 from swarm_gdrive.storage import LocalStorage
 
 LAYOUT = Layout("exp")
@@ -189,7 +189,7 @@ def test_waiting_for_workers_says_whom_on_change_and_periodically(tmp_path, capl
         config(folder, MIN_WORKERS=3, SYNC_LAG=90), LocalStorage(folder), "coord", threading.Event()
     )
     coordinator.open_experiment()
-    caplog.set_level(logging.INFO, logger="swarm_gdrive.coordinator")
+    caplog.set_level(logging.INFO, logger="swarm_gdrive.protocol.coordinator")
 
     coordinator.report_waiting(frozenset(), now=0.0)
     coordinator.workers_seen.update({"worker-1", "worker-2", "worker-3"})
@@ -197,7 +197,7 @@ def test_waiting_for_workers_says_whom_on_change_and_periodically(tmp_path, capl
     coordinator.report_waiting(frozenset({"worker-1", "worker-2"}), now=5.0 + WAITING_REPORT_SECONDS - 1)
 
     def lines() -> list[logging.LogRecord]:  # the coordinator's own lines (events have their own logger)
-        return [r for r in caplog.records if r.name == "swarm_gdrive.coordinator"]
+        return [r for r in caplog.records if r.name == "swarm_gdrive.protocol.coordinator"]
 
     assert not lines()  # nothing changed, and not yet time for a reminder
     coordinator.report_waiting(frozenset({"worker-1", "worker-2"}), now=5.0 + WAITING_REPORT_SECONDS)

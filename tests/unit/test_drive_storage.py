@@ -175,7 +175,7 @@ def test_key_files_other_than_a_service_account_or_user_token_are_refused(tmp_pa
 def test_retries_exhausted_become_storage_unavailable_and_a_bounded_wait_rides_it_out(emu):
     import threading
 
-    from swarm_gdrive.polling import Backoff, wait_for
+    from swarm_gdrive.protocol.polling import Backoff, wait_for
     from swarm_gdrive.storage.base import StorageUnavailableError
 
     storage = DriveStorage(

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from swarm_gdrive.curriculum import curriculum_step
-from swarm_gdrive.records import Provenance, RolloutGroup
-from swarm_gdrive.rewards import extract_answer
-from swarm_gdrive.tasks import (
+from swarm_gdrive.protocol.records import Provenance, RolloutGroup
+from swarm_gdrive.training.curriculum import curriculum_step
+from swarm_gdrive.training.rewards import extract_answer
+from swarm_gdrive.training.tasks import (
     TaskBank,
     curriculum_levels,
     dataset_size,

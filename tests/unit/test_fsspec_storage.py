@@ -27,7 +27,13 @@ from botocore.exceptions import (
 from fsspec.exceptions import FSTimeoutError
 from s3fs.errors import translate_boto_error
 
-from swarm_gdrive.storage.base import FileTooLargeError, NotRegularFileError, Storage, StorageUnavailableError
+from swarm_gdrive.storage.base import (
+    FileTooLargeError,
+    NotRegularFileError,
+    Storage,
+    StorageUnavailableError,
+    is_temp_of,
+)
 from swarm_gdrive.storage.fsspec_storage import (
     FsspecStorage,
     client_error,
@@ -35,7 +41,6 @@ from swarm_gdrive.storage.fsspec_storage import (
     is_transient_fsspec_error,
     is_write_conflict,
 )
-from swarm_gdrive.storage.local import is_temp_of
 
 ATTEMPTS = 4
 

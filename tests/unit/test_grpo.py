@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from swarm_gdrive.grpo import (  # noqa: E402
+from swarm_gdrive.training.grpo import (  # noqa: E402
     LOSS_TYPES,
     STD_EPSILON,
     LossConfig,

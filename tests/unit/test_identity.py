@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from swarm_gdrive.identity import Identity, IdentityError, claim_identity
-from swarm_gdrive.layout import InvalidNameError
+from swarm_gdrive.names import InvalidNameError
+from swarm_gdrive.protocol.identity import Identity, IdentityError, claim_identity
 
 EXP = "exp1"
 
@@ -209,7 +209,7 @@ def test_generated_identity_skips_corrupt_records(local_dir: str, held: list[Ide
 
 
 def test_an_empty_identity_file_left_by_a_killed_process_is_removed(tmp_path):
-    from swarm_gdrive.identity import claim_identity
+    from swarm_gdrive.protocol.identity import claim_identity
 
     folder = tmp_path / "exp" / "identities"
     folder.mkdir(parents=True)

@@ -6,15 +6,14 @@ from collections.abc import Callable
 
 import pytest
 
-from swarm_gdrive.layout import (
-    InvalidNameError,
+from swarm_gdrive.names import InvalidNameError, validate_name
+from swarm_gdrive.protocol.layout import (
     Layout,
-    is_temporary,
     node_id_from_filename,
     parse_round_dir,
     parse_stage_dir,
-    validate_name,
 )
+from swarm_gdrive.storage.base import is_temporary
 
 NAME_FIX = "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit (no '/', no '..')"
 

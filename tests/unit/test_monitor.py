@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from swarm_gdrive.layout import Layout
-from swarm_gdrive.monitor import findings, load, main_for_tests, validate
+from swarm_gdrive.cli import main as cli_main
+from swarm_gdrive.observe.monitor import findings, load, validate
+from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.storage import LocalStorage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -17,7 +18,7 @@ from swarm_threads import fast_env, run_threads  # noqa: E402
 
 EXPERIMENT = "mon"
 LAYOUT = Layout(EXPERIMENT)
-ENTRY = "import sys; from swarm_gdrive.monitor import main_for_tests; sys.exit(main_for_tests(sys.argv[1:]))"
+ENTRY = "from swarm_gdrive.cli import main; main()"
 
 
 def run_swarm(folder: Path, workers: int = 2, rounds: int = 3, transplants: int = 1) -> None:
@@ -122,7 +123,7 @@ def test_a_stale_alive_worker_and_coordinator_are_reported(broken):
 def test_error_events_fail_validation_and_are_findings(finished, tmp_path):
     import shutil
 
-    from swarm_gdrive.records import EventRecord, encode_line
+    from swarm_gdrive.protocol.records import EventRecord, encode_line
 
     folder = tmp_path / "errors"
     shutil.copytree(finished, folder)
@@ -147,8 +148,10 @@ def test_commands_as_subprocesses(finished, broken):
     assert "w1" in status.stdout and "w2" in status.stdout and "INFO" in status.stdout
 
 
-def test_main_for_tests_in_process(finished, capsys):
-    code = main_for_tests(["status", "--folder", str(finished), "--experiment", EXPERIMENT])
+def test_status_in_process(finished, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["status", "--folder", str(finished), "--experiment", EXPERIMENT])
+    code = exited.value.code
     out = capsys.readouterr().out
     assert code == 0 and "reward (last 5)" in out and "stopped" in out
 
@@ -159,14 +162,14 @@ def snap_time(folder: Path) -> float:
 
 
 def _rewrite_peer(folder: Path, node: str, **update: object) -> None:
-    from swarm_gdrive.records import PeerRecord, decode, encode
+    from swarm_gdrive.protocol.records import PeerRecord, decode, encode
 
     path = folder / LAYOUT.peer_file(node)
     path.write_bytes(encode(decode(path.read_bytes(), PeerRecord).model_copy(update=update)))
 
 
 def _rewrite_state(folder: Path, **update: object) -> None:
-    from swarm_gdrive.records import StateRecord, decode, encode
+    from swarm_gdrive.protocol.records import StateRecord, decode, encode
 
     path = folder / LAYOUT.state_file
     path.write_bytes(encode(decode(path.read_bytes(), StateRecord).model_copy(update=update)))
@@ -186,7 +189,7 @@ def test_a_round_long_past_its_deadline_means_the_coordinator_stopped_advancing(
 
 
 def test_large_rollouts_are_flagged(finished, monkeypatch):
-    import swarm_gdrive.monitor as monitor
+    import swarm_gdrive.observe.monitor as monitor
 
     monkeypatch.setattr(monitor, "STORAGE_WARNING_BYTES", 10)
     found = {f.code: f for f in findings(load(LocalStorage(finished), EXPERIMENT))}

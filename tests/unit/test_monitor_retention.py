@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from swarm_gdrive.monitor import (
+from swarm_gdrive.observe.monitor import (
     EVAL_COLUMNS,
     EVENT_COLUMNS,
     METRIC_COLUMNS,

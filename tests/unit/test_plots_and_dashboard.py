@@ -19,9 +19,9 @@ matplotlib.use("Agg")
 
 from matplotlib.figure import Figure  # noqa: E402
 
-from swarm_gdrive import plots  # noqa: E402
-from swarm_gdrive.dashboard import Dashboard, findings_html, list_experiments  # noqa: E402
-from swarm_gdrive.monitor import Finding, load  # noqa: E402
+from swarm_gdrive.observe import plots  # noqa: E402
+from swarm_gdrive.observe.dashboard import Dashboard, findings_html, list_experiments  # noqa: E402
+from swarm_gdrive.observe.monitor import Finding, load  # noqa: E402
 from swarm_gdrive.storage import LocalStorage  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from swarm_gdrive.records import (
+from swarm_gdrive.protocol.records import (
     MAX_BYTES,
     MAX_COMPLETIONS_PER_GROUP,
     SCHEMA_VERSION,

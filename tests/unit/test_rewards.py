@@ -15,9 +15,9 @@ import reasoning_gym
 from reasoning_gym.factory import DATASETS
 from reasoning_gym.utils import extract_answer as rg_extract_answer
 
-from swarm_gdrive import rewards
-from swarm_gdrive.rewards import extract_answer, format_reward, is_safe_for_eval, score, verifier_score
-from swarm_gdrive.tasks import PAPER_TASKS
+from swarm_gdrive.training import rewards
+from swarm_gdrive.training.rewards import extract_answer, format_reward, is_safe_for_eval, score, verifier_score
+from swarm_gdrive.training.tasks import PAPER_TASKS
 
 SEED = 11
 
@@ -246,7 +246,7 @@ def test_unsafe_task_is_never_scored() -> None:
 def test_verifier_that_raises_scores_zero_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     verifier = RecordingVerifier(RuntimeError("boom"))
     entry = {"question": "q", "answer": "1", "metadata": {"source_dataset": "chain_sum"}}
-    with caplog.at_level(logging.WARNING, logger="swarm_gdrive.rewards"):
+    with caplog.at_level(logging.WARNING, logger="swarm_gdrive.training.rewards"):
         assert score(verifier, entry, tagged("1"), format_weight=0.25) == 0.25
     assert verifier.calls == ["1"]
     assert "chain_sum" in caplog.text and "boom" in caplog.text

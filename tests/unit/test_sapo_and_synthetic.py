@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from swarm_gdrive.records import Provenance, RolloutGroup
-from swarm_gdrive.sapo import ScoredGroup, rng_for, select_external
-from swarm_gdrive.workload import StageContext, SyntheticWorkload
+from swarm_gdrive.protocol.records import Provenance, RolloutGroup
+from swarm_gdrive.protocol.sapo import ScoredGroup, rng_for, select_external
+from swarm_gdrive.protocol.workload import StageContext, SyntheticWorkload
 
 
 def group(source: str, i: int, rewards: tuple[float, ...]) -> ScoredGroup:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from swarm_gdrive.storage import local as local_module
-from swarm_gdrive.storage.base import FileInfo, FileTooLargeError, Storage, StorageError
-from swarm_gdrive.storage.local import LocalStorage, is_temp_of, is_transient_os_error, temp_name_for
+from swarm_gdrive.storage.base import FileInfo, FileTooLargeError, Storage, StorageError, is_temp_of, temp_name_for
+from swarm_gdrive.storage.local import LocalStorage, is_transient_os_error
 
 ATTEMPTS = 4
 

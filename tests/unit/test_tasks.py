@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from reasoning_gym.utils import SYSTEM_PROMPTS
 
-from swarm_gdrive import tasks
-from swarm_gdrive.records import Provenance, RolloutGroup
-from swarm_gdrive.tasks import (
+from swarm_gdrive.protocol.records import Provenance, RolloutGroup
+from swarm_gdrive.training import tasks
+from swarm_gdrive.training.tasks import (
     DATASET_SIZE,
     PAPER_TASKS,
     Question,
@@ -24,7 +24,6 @@ from swarm_gdrive.tasks import (
     build_messages,
     dataset_size,
     parse_task_mix,
-    plain_prompt,
     question_rng,
     system_prompt,
 )
@@ -124,7 +123,7 @@ def test_errors_name_the_variable_the_value_and_the_fix(
 
 
 def test_hash_seed_dependent_task_warns(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="swarm_gdrive.tasks"):
+    with caplog.at_level(logging.WARNING, logger="swarm_gdrive.training.tasks"):
         parse_task_mix("ransom_note", None)
     assert "ransom_note" in caplog.text and "PYTHONHASHSEED" in caplog.text
 
@@ -213,7 +212,7 @@ def test_bf_chatter_is_kept_off_stdout(paper_bank: TaskBank, capsys: pytest.Capt
 
 HASH_SCRIPT = """
 import hashlib
-from swarm_gdrive.tasks import TaskBank, parse_task_mix, question_rng
+from swarm_gdrive.training.tasks import TaskBank, parse_task_mix, question_rng
 bank = TaskBank(parse_task_mix(None, None), dataset_seed=7)
 text = "|".join(q.question for q in bank.draw(45, question_rng(7, "node-a", 0, 0)))
 print(hashlib.sha256(text.encode()).hexdigest())
@@ -251,7 +250,7 @@ def test_regenerate_accepts_a_configured_task_after_json(easy_bank: TaskBank) ->
 
 def test_regenerate_rejects_a_forged_question(paper_bank: TaskBank, caplog: pytest.LogCaptureFixture) -> None:
     question = paper_bank.question("basic_arithmetic", 42)
-    with caplog.at_level(logging.WARNING, logger="swarm_gdrive.tasks"):
+    with caplog.at_level(logging.WARNING, logger="swarm_gdrive.training.tasks"):
         assert paper_bank.regenerate(group_of(question, question=question.question + " ")) is None
     assert "peer-1-g0" in caplog.text
     other = paper_bank.question("basic_arithmetic", 43)
@@ -345,6 +344,3 @@ def test_prompts() -> None:
         {"role": "system", "content": SYSTEM_PROMPTS["default"]},
         {"role": "user", "content": "What is 2 + 3?"},
     ]
-    plain = plain_prompt("What is 2 + 3?")
-    assert plain.startswith(SYSTEM_PROMPTS["default"].rstrip())
-    assert plain.endswith("Question: What is 2 + 3?\n\nAnswer:")

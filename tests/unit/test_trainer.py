@@ -12,10 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from swarm_gdrive import grpo  # noqa: E402
-from swarm_gdrive.models import load_model_and_tokenizer  # noqa: E402
-from swarm_gdrive.tiny_model import build_tiny_model  # noqa: E402
-from swarm_gdrive.trainer import (  # noqa: E402
+from swarm_gdrive.training import grpo  # noqa: E402
+from swarm_gdrive.training.models import load_model_and_tokenizer  # noqa: E402
+from swarm_gdrive.training.policy import (  # noqa: E402
     DeviceError,
     PolicyTrainer,
     TrainGroup,
@@ -23,6 +22,7 @@ from swarm_gdrive.trainer import (  # noqa: E402
     pick_device,
     ragged_advantages,
 )
+from swarm_gdrive.training.tiny_model import build_tiny_model  # noqa: E402
 
 CPU = torch.device("cpu")
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 3 + 4?"}]
@@ -492,10 +492,10 @@ def test_a_checkpoint_is_due_after_checkpoint_minutes_whatever_the_round_interva
     """CHECKPOINT_MINUTES bounds what a disconnected runtime loses even when CHECKPOINT_INTERVAL is far off."""
     import threading
 
-    from swarm_gdrive import grpo_workload
     from swarm_gdrive.config import from_env
-    from swarm_gdrive.layout import Layout
+    from swarm_gdrive.protocol.layout import Layout
     from swarm_gdrive.storage import LocalStorage
+    from swarm_gdrive.training import grpo_workload
 
     (tmp_path / "drive").mkdir()
     env = {

@@ -66,7 +66,7 @@ class _Park:
         """Leave half of ``data`` in the temporary file that the real write would use, then park."""
         if point != self.point or round_ != self.round:
             return False
-        from swarm_gdrive.storage.local import temp_name_for
+        from swarm_gdrive.storage.base import temp_name_for
 
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(target.with_name(temp_name_for(target.name)), "wb") as fh:
@@ -78,7 +78,7 @@ class _Park:
 
 
 def _round_of(parts: tuple[str, ...]) -> int | None:
-    from swarm_gdrive.layout import parse_round_dir
+    from swarm_gdrive.protocol.layout import parse_round_dir
 
     for part in parts:
         round_ = parse_round_dir(part)
@@ -125,7 +125,7 @@ def _park_storage(park: _Park) -> None:
 
 
 def _park_workload(park: _Park, grpo: bool) -> None:
-    from swarm_gdrive.workload import SyntheticWorkload
+    from swarm_gdrive.protocol.workload import SyntheticWorkload
 
     def wrap_generate(cls) -> None:
         real = cls.generate
@@ -150,7 +150,7 @@ def _park_workload(park: _Park, grpo: bool) -> None:
     wrap_generate(SyntheticWorkload)
     wrap_train(SyntheticWorkload)
     if grpo:
-        from swarm_gdrive.grpo_workload import GRPOWorkload
+        from swarm_gdrive.training.grpo_workload import GRPOWorkload
 
         wrap_generate(GRPOWorkload)
         wrap_train(GRPOWorkload)
@@ -202,7 +202,7 @@ def _install_skew(seconds: float) -> None:
 def _install_spy(folder: str, grpo: bool) -> None:
     import pickle
 
-    from swarm_gdrive.workload import SyntheticWorkload
+    from swarm_gdrive.protocol.workload import SyntheticWorkload
 
     def describe(groups) -> list[dict]:
         return [
@@ -244,7 +244,7 @@ def _install_spy(folder: str, grpo: bool) -> None:
     if grpo:
         import torch
 
-        from swarm_gdrive.grpo_workload import GRPOWorkload
+        from swarm_gdrive.training.grpo_workload import GRPOWorkload
 
         spy_train(GRPOWorkload)
         spy_unpickle(torch, "load")

@@ -15,17 +15,17 @@ from dataclasses import dataclass, field
 
 from swarm_gdrive import logctx
 from swarm_gdrive.config import Config
-from swarm_gdrive.coordinator import ExperimentMismatchError
-from swarm_gdrive.exchange import Exchange, RunChangedError
-from swarm_gdrive.heartbeat import Heartbeat
-from swarm_gdrive.identity import Identity
-from swarm_gdrive.layout import Layout
-from swarm_gdrive.metrics import NodeLog
-from swarm_gdrive.polling import Backoff, Stopped, wait_for
-from swarm_gdrive.records import EvalRecord, RewardRecord, RolloutBatch, RolloutGroup, StateRecord
-from swarm_gdrive.sapo import ScoredGroup, rng_for, select_external
+from swarm_gdrive.protocol.coordinator import ExperimentMismatchError
+from swarm_gdrive.protocol.exchange import Exchange, RunChangedError
+from swarm_gdrive.protocol.heartbeat import Heartbeat
+from swarm_gdrive.protocol.identity import Identity
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.protocol.metrics import NodeLog
+from swarm_gdrive.protocol.polling import Backoff, Stopped, wait_for
+from swarm_gdrive.protocol.records import EvalRecord, RewardRecord, RolloutBatch, RolloutGroup, StateRecord
+from swarm_gdrive.protocol.sapo import ScoredGroup, rng_for, select_external
+from swarm_gdrive.protocol.workload import StageContext, Workload
 from swarm_gdrive.storage import Storage
-from swarm_gdrive.workload import StageContext, Workload
 
 logger = logging.getLogger(__name__)
 

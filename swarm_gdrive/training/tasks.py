@@ -2,7 +2,7 @@
 
 A node draws questions from a :class:`TaskBank`: one procedural reasoning-gym dataset per task,
 all built with the experiment's dataset seed, so that a (task, config, seed, index)
-:class:`~swarm_gdrive.records.Provenance` names one question on every node. Which indices a node
+:class:`~swarm_gdrive.protocol.records.Provenance` names one question on every node. Which indices a node
 draws is decided by its own seeded ``random.Random`` (:func:`question_rng`), so nodes draw
 different questions and a restarted node draws the same ones.
 
@@ -37,9 +37,9 @@ from reasoning_gym.dataset import ProceduralDataset
 from reasoning_gym.factory import DATASETS
 from reasoning_gym.utils import SYSTEM_PROMPTS
 
-from swarm_gdrive import rewards
-from swarm_gdrive.records import Provenance, RolloutGroup
-from swarm_gdrive.sapo import rng_for
+from swarm_gdrive.protocol.records import Provenance, RolloutGroup
+from swarm_gdrive.protocol.sapo import rng_for
+from swarm_gdrive.training import rewards
 
 logger = logging.getLogger(__name__)
 
@@ -354,11 +354,6 @@ def system_prompt() -> str:
 def build_messages(question: str) -> list[dict[str, str]]:
     """Chat messages (system prompt, then the question as the user turn) for a tokenizer's chat template."""
     return [{"role": "system", "content": system_prompt()}, {"role": "user", "content": question}]
-
-
-def plain_prompt(question: str) -> str:
-    """The same prompt as plain text, for a model without a chat template; the model continues after ``Answer:``."""
-    return f"{system_prompt().rstrip()}\n\nQuestion: {question}\n\nAnswer:"
 
 
 def _generate(dataset: ProceduralDataset, index: int) -> dict[str, Any]:

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from swarm_gdrive.config import LOSS_TYPES, SCALE_REWARDS  # one definition, which LOSS_TYPE/SCALE_REWARDS accept
+
 logger = logging.getLogger(__name__)
 
-SCALE_REWARDS = ("group", "batch", "none")
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 STD_EPSILON = 1e-4
 """Added to the reward std before dividing (TRL: ``advantages / (std_rewards + 1e-4)``)."""

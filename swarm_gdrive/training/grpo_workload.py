@@ -1,6 +1,6 @@
 """The real workload: reasoning-gym questions, a model's batched completions, verifier scores, GRPO.
 
-It implements :class:`swarm_gdrive.workload.Workload` for the worker loop: ``generate``
+It implements :class:`swarm_gdrive.protocol.workload.Workload` for the worker loop: ``generate``
 draws I questions seeded by (SEED, node, round, stage) and samples G completions each;
 ``rescore`` regenerates another node's question from its provenance and scores its
 completions with the task's own verifier (the peer's answers and rewards are never used);
@@ -19,18 +19,18 @@ from typing import Any
 
 import torch
 
-from swarm_gdrive import checkpoint, grpo, hub
 from swarm_gdrive.config import Config
-from swarm_gdrive.curriculum import curriculum_step
-from swarm_gdrive.layout import Layout
-from swarm_gdrive.models import load_model_and_tokenizer, resolve_model
-from swarm_gdrive.records import RolloutGroup, TaskEval
-from swarm_gdrive.rewards import ANSWER_OPEN
-from swarm_gdrive.sapo import ScoredGroup, rng_for
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.protocol.records import RolloutGroup, TaskEval
+from swarm_gdrive.protocol.sapo import ScoredGroup, rng_for
+from swarm_gdrive.protocol.workload import StageContext
 from swarm_gdrive.storage import Storage
-from swarm_gdrive.tasks import TaskBank, build_messages, parse_task_mix, question_rng
-from swarm_gdrive.trainer import PolicyTrainer, TrainGroup, TrainSettings, peak_memory_mb, pick_device
-from swarm_gdrive.workload import StageContext
+from swarm_gdrive.training import checkpoint, grpo, hub
+from swarm_gdrive.training.curriculum import curriculum_step
+from swarm_gdrive.training.models import load_model_and_tokenizer, resolve_model
+from swarm_gdrive.training.policy import PolicyTrainer, TrainGroup, TrainSettings, peak_memory_mb, pick_device
+from swarm_gdrive.training.rewards import ANSWER_OPEN
+from swarm_gdrive.training.tasks import TaskBank, build_messages, parse_task_mix, question_rng
 
 logger = logging.getLogger(__name__)
 

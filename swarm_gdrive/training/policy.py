@@ -2,7 +2,7 @@
 
 Generation puts all I prompts x G completions into as few ``generate`` calls as
 GEN_BATCH_SIZE allows (``num_return_sequences=G``), never one call per completion. The
-update is TRL's GRPO loss (:mod:`swarm_gdrive.grpo`) over micro-batches with exact
+update is TRL's GRPO loss (:mod:`swarm_gdrive.training.grpo`) over micro-batches with exact
 gradient accumulation, gradient clipping and AdamW. The model stays in float32; on a GPU
 the forward passes run under bfloat16 autocast where the GPU supports it, so that small
 updates are not lost to bfloat16 weights.
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from swarm_gdrive import grpo
-from swarm_gdrive.records import MAX_COMPLETION_CHARS
+from swarm_gdrive.protocol.records import MAX_COMPLETION_CHARS
+from swarm_gdrive.training import grpo
 
 logger = logging.getLogger(__name__)
 

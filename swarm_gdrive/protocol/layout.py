@@ -18,39 +18,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+from swarm_gdrive.names import InvalidNameError, validate_name
+
 # Canonical folder names only: ASCII digits, no leading zeros (as _round/_stage build them).
 _ROUND = re.compile(r"round_(0|[1-9][0-9]{0,8})")
 _STAGE = re.compile(r"stage_(0|[1-9][0-9]{0,3})")
 JSON_SUFFIX = ".json"
-
-
-class InvalidNameError(ValueError):
-    """A name that cannot become a path component."""
-
-    def __init__(self, what: str, value: object, fix: str) -> None:
-        self.what, self.value, self.fix = what, value, fix
-        super().__init__(f"{what}={value!r}: {fix}")
-
-
-def validate_name(value: object, what: str = "name") -> str:
-    """Return ``value`` if it is a safe single path component, else raise :class:`InvalidNameError`.
-
-    Allowed: 1-64 characters of letters, digits, '.', '_' and '-', starting with a letter or
-    digit (so never '.', '..', hidden, empty, or containing '/' or '\\').
-    """
-    if not isinstance(value, str) or not _NAME.fullmatch(value) or is_temporary(value):
-        raise InvalidNameError(
-            what,
-            value,
-            "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit (no '/', no '..')",
-        )
-    return value
-
-
-def is_temporary(name: str) -> bool:
-    """True for names that are never a finished protocol file: hidden, editor or sync temporaries."""
-    return name.startswith((".", "~")) or name.endswith((".tmp", ".partial", ".part"))
 
 
 def parse_round_dir(name: str) -> int | None:

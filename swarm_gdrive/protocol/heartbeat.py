@@ -6,8 +6,8 @@ import logging
 import threading
 import time
 
-from swarm_gdrive.exchange import Exchange
-from swarm_gdrive.records import PeerRecord
+from swarm_gdrive.protocol.exchange import Exchange
+from swarm_gdrive.protocol.records import PeerRecord
 
 logger = logging.getLogger(__name__)
 

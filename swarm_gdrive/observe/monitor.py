@@ -2,8 +2,8 @@
 (:func:`findings`), the TEST_MODE validator (:func:`validate`) and the ``status`` / ``validate`` commands.
 
 The monitor never writes to the shared folder: it lists and reads through
-:class:`~swarm_gdrive.exchange.Exchange` (capped, validated, cross-checked) and the log files
-through :func:`~swarm_gdrive.records.decode_lines`.
+:class:`~swarm_gdrive.protocol.exchange.Exchange` (capped, validated, cross-checked) and the log files
+through :func:`~swarm_gdrive.protocol.records.decode_lines`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Literal
 
 import pandas as pd
 
-from swarm_gdrive.exchange import Exchange
-from swarm_gdrive.layout import Layout, parse_round_dir, parse_stage_dir, validate_name
-from swarm_gdrive.records import EventRecord, MetricRecord, decode_lines
-from swarm_gdrive.report import eval_rows, reward_rows
+from swarm_gdrive.names import validate_name
+from swarm_gdrive.protocol.exchange import Exchange
+from swarm_gdrive.protocol.layout import Layout, parse_round_dir, parse_stage_dir
+from swarm_gdrive.protocol.records import EventRecord, MetricRecord, decode_lines
 from swarm_gdrive.storage import Storage
 
 #: Seconds without a heartbeat after which the monitor calls a node not alive (LIVENESS_TIMEOUT's default).
@@ -146,6 +146,51 @@ def load(storage: Storage, experiment: str, now: float | None = None, liveness_t
     )
     _load_logs(storage, layout, snapshot)
     return snapshot
+
+
+def reward_rows(exchange: Exchange) -> list[dict]:
+    """One row per valid reward file: node, round, stage, reward, local and external groups, J asked."""
+    layout, rows = exchange.layout, []
+    for round_info in exchange.storage.list(layout.rewards_dir):
+        round_ = parse_round_dir(round_info.name)
+        if round_ is None:
+            continue
+        for stage_info in exchange.storage.list(f"{layout.rewards_dir}/{round_info.name}"):
+            stage = parse_stage_dir(stage_info.name)
+            if stage is None:
+                continue
+            for node, rec in exchange.read_rewards(round_, stage).items():
+                rows.append(
+                    {
+                        "node": node,
+                        "round": round_,
+                        "stage": stage,
+                        "reward": rec.reward,
+                        "local_groups": rec.num_local_groups,
+                        "external_groups": rec.num_external_groups,
+                        "external_requested": rec.external_requested,
+                    }
+                )
+    return rows
+
+
+def eval_rows(exchange: Exchange) -> list[dict]:
+    """One row per (eval record, task, level): node, round, task, level, n, pass1, mean_score, pass_k."""
+    return [
+        {
+            "node": rec.node_id,
+            "round": rec.round,
+            "task": r.task,
+            "level": r.level,
+            "n": r.n,
+            "pass1": r.pass1,
+            "mean_score": r.mean_score,
+            "k": r.k,
+            "pass_k": r.pass_k,
+        }
+        for rec in exchange.read_evals()
+        for r in rec.results
+    ]
 
 
 def _sorted(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
@@ -542,6 +587,23 @@ def _external_table(snapshot: Snapshot) -> str:
     return title + "\n" + _columns(lines)
 
 
+def summary_table(storage: Storage, experiment: str) -> str:
+    """Reward per worker per round, with external groups used, from the experiment's reward files."""
+    layout = Layout(experiment)
+    exchange = Exchange(storage, layout, "summary")
+    state = exchange.read_state()
+    rounds = range(state.round if state else 0)
+    rows: dict[str, dict[int, str]] = {}
+    for round_ in rounds:
+        for stage in range(state.num_stages if state else 1):
+            for node, rec in exchange.read_rewards(round_, stage).items():
+                rows.setdefault(node, {})[round_] = f"{rec.reward:.3f} ({rec.num_external_groups} ext)"
+    header = ["node"] + [f"round {r}" for r in rounds]
+    lines = [header] + [[node] + [cells.get(r, "-") for r in rounds] for node, cells in sorted(rows.items())]
+    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in lines)
+
+
 def reader_config(args: argparse.Namespace):
     """(config, storage) for a reading command (status, validate, report, compare) from ``--folder`` /
     ``--experiment`` and the environment; (None, None) after printing a bad variable's error."""
@@ -629,17 +691,3 @@ def add_validate_parser(sub) -> argparse.ArgumentParser:
     parser.add_argument("--transplants", type=int, default=0, help="J: also check rollouts and external groups")
     add_reader_arguments(parser)
     return parser
-
-
-def main_for_tests(argv: list[str] | None = None) -> int:
-    """``status`` and ``validate`` without cli.py (also ``python -m swarm_gdrive.monitor``)."""
-    parser = argparse.ArgumentParser(prog="swarm-gdrive-monitor", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_status_parser(sub)
-    add_validate_parser(sub)
-    args = parser.parse_args(argv)
-    return {"status": status_main, "validate": validate_main}[args.command](args)
-
-
-if __name__ == "__main__":
-    sys.exit(main_for_tests())

@@ -19,12 +19,12 @@ from datetime import datetime, timezone
 
 from swarm_gdrive import logctx
 from swarm_gdrive.config import Config
-from swarm_gdrive.exchange import Exchange, RunChangedError
-from swarm_gdrive.heartbeat import Heartbeat
-from swarm_gdrive.layout import Layout, parse_round_dir, parse_stage_dir
-from swarm_gdrive.metrics import NodeLog
-from swarm_gdrive.polling import Backoff, Stopped, wait_for
-from swarm_gdrive.records import ExperimentRecord, StateRecord
+from swarm_gdrive.protocol.exchange import Exchange, RunChangedError
+from swarm_gdrive.protocol.heartbeat import Heartbeat
+from swarm_gdrive.protocol.layout import Layout, parse_round_dir, parse_stage_dir
+from swarm_gdrive.protocol.metrics import NodeLog
+from swarm_gdrive.protocol.polling import Backoff, Stopped, wait_for
+from swarm_gdrive.protocol.records import ExperimentRecord, StateRecord
 from swarm_gdrive.storage import Storage
 
 logger = logging.getLogger(__name__)

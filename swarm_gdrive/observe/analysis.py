@@ -15,9 +15,9 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from swarm_gdrive.exchange import Exchange
-from swarm_gdrive.layout import Layout
-from swarm_gdrive.report import eval_rows, reward_rows
+from swarm_gdrive.observe.monitor import eval_rows, reward_rows
+from swarm_gdrive.protocol.exchange import Exchange
+from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.storage import Storage
 
 

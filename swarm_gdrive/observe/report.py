@@ -11,57 +11,10 @@ import html
 import logging
 from pathlib import Path
 
-from swarm_gdrive.exchange import Exchange
-from swarm_gdrive.layout import parse_round_dir, parse_stage_dir
+from swarm_gdrive.observe import monitor, plots
 from swarm_gdrive.storage import Storage
 
 logger = logging.getLogger(__name__)
-
-
-def reward_rows(exchange: Exchange) -> list[dict]:
-    """One row per valid reward file: node, round, stage, reward, local and external groups, J asked."""
-    layout, rows = exchange.layout, []
-    for round_info in exchange.storage.list(layout.rewards_dir):
-        round_ = parse_round_dir(round_info.name)
-        if round_ is None:
-            continue
-        for stage_info in exchange.storage.list(f"{layout.rewards_dir}/{round_info.name}"):
-            stage = parse_stage_dir(stage_info.name)
-            if stage is None:
-                continue
-            for node, rec in exchange.read_rewards(round_, stage).items():
-                rows.append(
-                    {
-                        "node": node,
-                        "round": round_,
-                        "stage": stage,
-                        "reward": rec.reward,
-                        "local_groups": rec.num_local_groups,
-                        "external_groups": rec.num_external_groups,
-                        "external_requested": rec.external_requested,
-                    }
-                )
-    return rows
-
-
-def eval_rows(exchange: Exchange) -> list[dict]:
-    """One row per (eval record, task, level): node, round, task, level, n, pass1, mean_score, pass_k."""
-    return [
-        {
-            "node": rec.node_id,
-            "round": rec.round,
-            "task": r.task,
-            "level": r.level,
-            "n": r.n,
-            "pass1": r.pass1,
-            "mean_score": r.mean_score,
-            "k": r.k,
-            "pass_k": r.pass_k,
-        }
-        for rec in exchange.read_evals()
-        for r in rec.results
-    ]
-
 
 FIGURE_TITLES = {
     "reward_per_round": "Training reward per worker per round, with its rolling mean",
@@ -77,8 +30,6 @@ FIGURE_TITLES = {
 
 def write_report(storage: Storage, experiment: str, out: Path) -> list[Path]:
     """Write rewards.csv, evals.csv, one PNG per monitor plot and index.html into ``out``; returns the files."""
-    from swarm_gdrive import monitor, plots  # they import this module's row readers
-
     snapshot = monitor.load(storage, experiment)
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "rewards.csv", out / "evals.csv"]

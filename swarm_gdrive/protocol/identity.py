@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from swarm_gdrive.layout import validate_name
+from swarm_gdrive.names import validate_name
 
 logger = logging.getLogger(__name__)
 

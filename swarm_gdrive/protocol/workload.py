@@ -1,6 +1,6 @@
 """What a worker does each stage, behind a narrow interface, and the synthetic stand-in.
 
-The worker loop (:mod:`swarm_gdrive.worker`) owns the protocol; a :class:`Workload` owns
+The worker loop (:mod:`swarm_gdrive.protocol.worker`) owns the protocol; a :class:`Workload` owns
 generation, local re-scoring of other nodes' groups, and the update. The
 :class:`SyntheticWorkload` is a named stand-in for protocol tests and load benchmarks:
 it trains nothing.
@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from swarm_gdrive.records import Provenance, RolloutGroup, TaskEval
-from swarm_gdrive.sapo import ScoredGroup, rng_for
+from swarm_gdrive.protocol.records import Provenance, RolloutGroup, TaskEval
+from swarm_gdrive.protocol.sapo import ScoredGroup, rng_for
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A live monitoring dashboard for notebooks (ipywidgets 7.7 or 8): findings and plots of an experiment.
 
-    from swarm_gdrive.dashboard import Dashboard
+    from swarm_gdrive.observe.dashboard import Dashboard
     dashboard = Dashboard(storage, selected="my-run")
     dashboard.show()            # draw once; the controls work whenever the kernel is idle
     dashboard.run(30, 3600)     # redraw every 30 s for an hour, in this cell; the stop button ends it
@@ -26,8 +26,8 @@ import time
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-from swarm_gdrive import plots
-from swarm_gdrive.monitor import Finding, Snapshot, findings, load
+from swarm_gdrive.observe import plots
+from swarm_gdrive.observe.monitor import Finding, Snapshot, findings, load
 from swarm_gdrive.storage import Storage, open_storage
 
 logger = logging.getLogger(__name__)

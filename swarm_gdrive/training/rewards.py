@@ -5,7 +5,7 @@ kept, plus an optional format bonus::
 
     reward = dataset.score_answer(extract_answer(completion), entry) + format_weight * format_reward(completion)
 
-``entry`` must be one that this node generated itself (see :meth:`swarm_gdrive.tasks.TaskBank.regenerate`);
+``entry`` must be one that this node generated itself (see :meth:`swarm_gdrive.training.tasks.TaskBank.regenerate`);
 the completion may come from another node and is treated as hostile: some reasoning-gym
 verifiers ``eval`` the answer text, so those answers are screened first (:data:`LITERAL_ONLY_TASKS`),
 tasks whose verifiers cannot be screened are refused (:data:`UNSAFE_VERIFIER_TASKS`), and

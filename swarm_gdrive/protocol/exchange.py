@@ -1,6 +1,6 @@
 """Publishing this node's files and reading the swarm's, through a Storage.
 
-Everything read is size-capped and validated (:mod:`swarm_gdrive.records`) and
+Everything read is size-capped and validated (:mod:`swarm_gdrive.protocol.records`) and
 cross-checked against its path (the node id in a file name must be the node id inside,
 the run id must be this experiment's). A rejected file is logged once with its reason
 and skipped; it is never trusted.
@@ -12,8 +12,8 @@ import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from swarm_gdrive.layout import Layout, node_id_from_filename, parse_round_dir, parse_stage_dir
-from swarm_gdrive.records import (
+from swarm_gdrive.protocol.layout import Layout, node_id_from_filename, parse_round_dir, parse_stage_dir
+from swarm_gdrive.protocol.records import (
     MAX_BYTES,
     EvalRecord,
     ExperimentRecord,
@@ -27,8 +27,7 @@ from swarm_gdrive.records import (
     encode,
 )
 from swarm_gdrive.storage import FileInfo, FileTooLargeError, Storage
-from swarm_gdrive.storage.base import NotRegularFileError
-from swarm_gdrive.storage.local import is_temp_of
+from swarm_gdrive.storage.base import NotRegularFileError, is_temp_of
 
 logger = logging.getLogger(__name__)
 

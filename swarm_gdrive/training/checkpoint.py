@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from swarm_gdrive.layout import Layout, parse_round_dir
+from swarm_gdrive.protocol.layout import Layout, parse_round_dir
 from swarm_gdrive.storage import Storage
 
 logger = logging.getLogger(__name__)

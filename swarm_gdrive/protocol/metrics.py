@@ -7,8 +7,8 @@ import threading
 import time
 from typing import Any
 
-from swarm_gdrive.layout import Layout
-from swarm_gdrive.records import EventRecord, MetricRecord, encode_line
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.protocol.records import EventRecord, MetricRecord, encode_line
 from swarm_gdrive.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ class NodeLog:
     A flush that fails keeps its lines for the next one, so nothing is lost to a storage hiccup.
     The first append of each file by this process starts with a newline: a process killed mid-append
     leaves a partial last line, and without it the next process's first line would be glued onto
-    that fragment and lost with it. Readers skip the blank line (:func:`~swarm_gdrive.records.decode_lines`).
+    that fragment and lost with it. Readers skip the blank line (:func:`~swarm_gdrive.protocol.records.decode_lines`).
     """
 
     def __init__(self, storage: Storage, layout: Layout, node_id: str, max_buffered: int = 500) -> None:

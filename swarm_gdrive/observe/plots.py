@@ -1,4 +1,4 @@
-"""The monitor's figures: each function takes a :class:`~swarm_gdrive.monitor.Snapshot` and returns a
+"""The monitor's figures: each function takes a :class:`~swarm_gdrive.observe.monitor.Snapshot` and returns a
 :class:`matplotlib.figure.Figure`.
 
 Figures are built with :class:`~matplotlib.figure.Figure` directly (no pyplot, no global figure
@@ -18,7 +18,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from swarm_gdrive.monitor import Snapshot
+from swarm_gdrive.observe.monitor import Snapshot
 
 NO_DATA = "no data yet"
 FIGSIZE = (8.0, 4.5)

@@ -12,7 +12,7 @@ import hashlib
 import random
 from dataclasses import dataclass
 
-from swarm_gdrive.records import RolloutGroup
+from swarm_gdrive.protocol.records import RolloutGroup
 
 
 @dataclass(frozen=True)
