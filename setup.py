@@ -22,11 +22,28 @@ setup(
         # trl: the reference GRPO implementation the loss is tested against (not needed at run time).
         # s3fs + moto: the S3 backend tested against moto's S3 server on 127.0.0.1.
         # papermill/nbclient/ipykernel: every notebook is executed headless in the tests.
+        # import-linter (2.17+ has acyclic_siblings): the floors of pyproject.toml, in tests/unit/test_layering.py.
         # oauth2client/PyYAML/funcy/appdirs/tqdm: what PyDrive2 imports; PyDrive2 itself is installed with
         # --no-deps by the README's test command (its cryptography<44 pin conflicts with moto's joserfc).
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.6", "trl>=1.16,<2", "datasets>=3", "s3fs>=2024.2",
-                 "moto[server]>=5", "papermill>=2.6", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6",
-                 "oauth2client>=4.1.3", "PyYAML>=6", "funcy>=1.14", "appdirs>=1.4.3", "tqdm>=4"],
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "import-linter>=2.17,<3",
+            "ruff>=0.6",
+            "trl>=1.16,<2",
+            "datasets>=3",
+            "s3fs>=2024.2",
+            "moto[server]>=5",
+            "papermill>=2.6",
+            "nbclient>=0.10",
+            "nbformat>=5.10",
+            "ipykernel>=6",
+            "oauth2client>=4.1.3",
+            "PyYAML>=6",
+            "funcy>=1.14",
+            "appdirs>=1.4.3",
+            "tqdm>=4",
+        ],
         "s3": ["s3fs>=2024.2"],
         "gcs": ["gcsfs>=2024.2"],
     },

@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from swarm_gdrive.config import LOCAL_SWARM_PRESET, SMALL_MODEL_PRESET, env_fields, swarm_env
+from swarm_gdrive.config import LOCAL_SWARM_PRESET, SMALL_MODEL_PRESET, env_fields, settings_markdown, swarm_env
 from swarm_gdrive.procs import NodeProcess, stop_all
 from swarm_gdrive.storage import LocalStorage
 
@@ -20,7 +20,10 @@ def _cmd_run(_args: argparse.Namespace) -> int:
     return run_node()
 
 
-def _cmd_env(_args: argparse.Namespace) -> int:
+def _cmd_env(args: argparse.Namespace) -> int:
+    if args.markdown:
+        print(settings_markdown(), end="")
+        return 0
     for f in env_fields():
         default = "(required)" if f.metadata["env"] == "GDRIVE_PATH" else repr(f.default)
         print(f"{f.metadata['env']:<28} default {default}\n    {f.metadata['help']}")
@@ -147,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("run", help="run one node; configured by environment variables (see: swarm-gdrive env)")
-    sub.add_parser("env", help="list every environment variable with its default and meaning")
+    env = sub.add_parser("env", help="list every environment variable with its default and meaning")
+    env.add_argument("--markdown", action="store_true", help="as the Markdown table of docs/settings.md")
     demo = sub.add_parser("demo", help="a coordinator and workers as local processes on a temporary folder")
     demo.add_argument("--folder", help="shared folder to use (default: a new temporary folder)")
     demo.add_argument("--experiment", default="demo")

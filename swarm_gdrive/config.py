@@ -625,6 +625,25 @@ def swarm_env(gdrive_path: str, experiment: str, *presets: Mapping[str, str], **
     return env
 
 
+def settings_markdown() -> str:
+    """docs/settings.md: every variable with its default and meaning, from the fields of :class:`Config`."""
+    lines = [
+        "# Settings",
+        "",
+        "Every setting of a node is an environment variable. This page is generated from `swarm_gdrive/config.py`",
+        "(`swarm-gdrive env --markdown > docs/settings.md`); `swarm-gdrive env` prints the same in a terminal.",
+        f"`TEST_MODE=true` applies {', '.join(f'{k}={v}' for k, v in TEST_MODE_PRESET.items())} to those not set.",
+        "",
+        "| variable | default | meaning |",
+        "|---|---|---|",
+    ]
+    for f in env_fields():
+        default = "required" if f.metadata["env"] == "GDRIVE_PATH" else "unset" if f.default is None else f.default
+        meaning = f.metadata["help"].replace("|", "\\|")
+        lines.append(f"| `{f.metadata['env']}` | `{default}` | {meaning} |")
+    return "\n".join(lines) + "\n"
+
+
 def env_fields() -> list[dataclasses.Field]:
     """The fields of :class:`Config`, each with ``metadata['env']`` and ``metadata['help']``."""
     return list(dataclasses.fields(Config))

@@ -600,3 +600,14 @@ def test_bad_storage_urls_name_the_problem(tmp_path: Path, raw: str, needle: str
     with pytest.raises(ConfigError) as info:
         from_env({"GDRIVE_PATH": raw, "SWARM_LOCAL_DIR": str(tmp_path)})
     assert info.value.var == "GDRIVE_PATH" and needle in str(info.value)
+
+
+def test_docs_settings_is_generated_from_config() -> None:
+    """docs/settings.md is `swarm-gdrive env --markdown`: a field added, renamed or re-documented without
+    regenerating it fails here (and every variable is in it)."""
+    from swarm_gdrive.config import settings_markdown
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "settings.md").read_text(encoding="utf-8")
+    assert page == settings_markdown(), "run: swarm-gdrive env --markdown > docs/settings.md"
+    for f in env_fields():
+        assert f"| `{f.metadata['env']}` |" in page
