@@ -11,19 +11,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 
 from swarm_gdrive import logctx
 from swarm_gdrive.config import Config
 from swarm_gdrive.protocol.coordinator import ExperimentMismatchError
 from swarm_gdrive.protocol.exchange import Exchange, RunChangedError
+from swarm_gdrive.protocol.gather import Gathered, PeerGather
 from swarm_gdrive.protocol.heartbeat import Heartbeat
 from swarm_gdrive.protocol.identity import Identity
 from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.protocol.metrics import NodeLog
 from swarm_gdrive.protocol.polling import Backoff, Stopped, wait_for
 from swarm_gdrive.protocol.records import EvalRecord, RewardRecord, RolloutBatch, RolloutGroup, StateRecord
-from swarm_gdrive.protocol.sapo import ScoredGroup, rng_for, select_external
+from swarm_gdrive.protocol.sapo import ScoredGroup, Selection, rng_for, select_external
 from swarm_gdrive.protocol.workload import StageContext, Workload
 from swarm_gdrive.storage import Storage
 
@@ -35,18 +35,6 @@ EXIT_GAVE_UP = 3
 
 class GiveUpError(RuntimeError):
     """The worker cannot go on (coordinator silent, experiment reset); the message says why."""
-
-
-@dataclass
-class _Gathered:
-    """Other nodes' rollouts of one stage, re-scored locally, by source node."""
-
-    batches: dict[str, RolloutBatch] = field(default_factory=dict)
-    scored: dict[str, list[ScoredGroup]] = field(default_factory=dict)
-    dropped: int = 0
-
-    def pool(self) -> list[ScoredGroup]:
-        return [g for groups in self.scored.values() for g in groups]
 
 
 class Worker:
@@ -177,10 +165,10 @@ class Worker:
                 f"model, optimizer and RNG of round {restored}",
                 round_=restored,
                 checkpoint_round=restored,
-                params=getattr(self.workload, "restored_digest", None),
+                params=self.workload.restored_digest,
             )
             last = restored
-        elif last is not None and not getattr(self.workload, "stateless", False):
+        elif last is not None and not self.workload.stateless:
             self.log.event(
                 "resumed_without_checkpoint",
                 f"no checkpoint of this node: rounds up to {last} are "
@@ -272,57 +260,17 @@ class Worker:
         )
 
     def _stage(self, ctx: StageContext, state: StateRecord, buffered: list[RolloutBatch]) -> None:
+        """One stage: generate and publish, select the external groups, train on I + J, submit the reward."""
         t0 = time.monotonic()
-        groups: list[RolloutGroup] = []
-        frequency = self.config.rollout_publish_frequency
-        for group in self.workload.generate(ctx):
-            groups.append(group)
-            if frequency == "generation":
-                self.exchange.write_rollouts(self._batch(ctx, groups, complete=False))
-            if self.stop.is_set():
-                raise Stopped()
-        batch = self._batch(ctx, groups, complete=True)
-        if frequency != "round":
-            self.exchange.write_rollouts(batch)
-        else:  # every stage's batch is written once the last stage has generated, before it gathers
-            buffered.append(batch)
-            if ctx.stage == state.num_stages - 1:
-                for held in buffered:
-                    self.exchange.write_rollouts(held)
-        local = [ScoredGroup(self.node_id, g, tuple(g.rewards)) for g in groups]
+        local = self._generate_and_publish(ctx, state, buffered)
         generated = time.monotonic()
-
-        j = self.config.num_transplant_trees
-        gathered = self._gather(ctx, state) if j else _Gathered()
-        selection = select_external(gathered.pool(), j, rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage))
-        if selection.shortfall:
-            self.log.event(
-                "external_shortfall",
-                f"wanted {j} external groups, got {len(selection.chosen)}",
-                level="warning",
-                requested=j,
-                used=len(selection.chosen),
-                offered=selection.offered,
-            )
+        gathered, selection = self._select_externals(ctx, state)
         gathered_at = time.monotonic()
         train_metrics = self.workload.train(ctx, local, list(selection.chosen))
         if self.stop.is_set():
             raise Stopped()
-        local_rewards = [r for g in local for r in g.rewards]
-        reward = sum(local_rewards) / len(local_rewards) if local_rewards else 0.0
-        self.exchange.write_reward(
-            RewardRecord(
-                node_id=self.node_id,
-                run_id=state.run_id,
-                round=ctx.round,
-                stage=ctx.stage,
-                reward=reward,
-                num_local_groups=len(local),
-                num_external_groups=len(selection.chosen),
-                external_requested=j,
-                submitted_at=time.time(),
-            )
-        )
+        reward = self._submit(ctx, state, local, selection)
+        j = self.config.num_transplant_trees
         self.log.metric(
             {
                 "stage": ctx.stage,
@@ -349,6 +297,74 @@ class Worker:
             len(gathered.batches),
         )
 
+    def _generate_and_publish(
+        self, ctx: StageContext, state: StateRecord, buffered: list[RolloutBatch]
+    ) -> list[ScoredGroup]:
+        """This node's groups of the stage, written as rollouts per ROLLOUT_PUBLISH_FREQUENCY."""
+        groups: list[RolloutGroup] = []
+        frequency = self.config.rollout_publish_frequency
+        for group in self.workload.generate(ctx):
+            groups.append(group)
+            if frequency == "generation":
+                self.exchange.write_rollouts(self._batch(ctx, groups, complete=False))
+            if self.stop.is_set():
+                raise Stopped()
+        batch = self._batch(ctx, groups, complete=True)
+        if frequency != "round":
+            self.exchange.write_rollouts(batch)
+        else:  # every stage's batch is written once the last stage has generated, before it gathers
+            buffered.append(batch)
+            if ctx.stage == state.num_stages - 1:
+                for held in buffered:
+                    self.exchange.write_rollouts(held)
+        return [ScoredGroup(self.node_id, g, tuple(g.rewards)) for g in groups]
+
+    def _select_externals(self, ctx: StageContext, state: StateRecord) -> tuple[Gathered, Selection]:
+        """Gather the peers' groups of the stage (J > 0) and pick J of them (SAPO); a shortfall is an event."""
+        j = self.config.num_transplant_trees
+        gathered = Gathered()
+        if j:
+            gather = PeerGather(
+                self.exchange,
+                ctx,
+                state.live_workers,
+                self.config.sapo_max_peers,
+                j,
+                self.workload.rescore,
+                self.log.event,
+            )
+            gathered = gather.run(self.stop, self.config.rollout_wait_timeout, self._gather_backoff)
+        selection = select_external(gathered.pool(), j, rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage))
+        if selection.shortfall:
+            self.log.event(
+                "external_shortfall",
+                f"wanted {j} external groups, got {len(selection.chosen)}",
+                level="warning",
+                requested=j,
+                used=len(selection.chosen),
+                offered=selection.offered,
+            )
+        return gathered, selection
+
+    def _submit(self, ctx: StageContext, state: StateRecord, local: list[ScoredGroup], selection: Selection) -> float:
+        """Write this stage's reward record (the mean reward of the local completions); returns that reward."""
+        local_rewards = [r for g in local for r in g.rewards]
+        reward = sum(local_rewards) / len(local_rewards) if local_rewards else 0.0
+        self.exchange.write_reward(
+            RewardRecord(
+                node_id=self.node_id,
+                run_id=state.run_id,
+                round=ctx.round,
+                stage=ctx.stage,
+                reward=reward,
+                num_local_groups=len(local),
+                num_external_groups=len(selection.chosen),
+                external_requested=self.config.num_transplant_trees,
+                submitted_at=time.time(),
+            )
+        )
+        return reward
+
     def _batch(self, ctx: StageContext, groups: list[RolloutGroup], complete: bool) -> RolloutBatch:
         return RolloutBatch(
             node_id=self.node_id,
@@ -359,68 +375,3 @@ class Worker:
             complete=complete,
             created_at=time.time(),
         )
-
-    def _gather(self, ctx: StageContext, state: StateRecord) -> _Gathered:
-        """Other nodes' rollouts of this stage, until every expected peer's batch is complete or time is up.
-
-        With SAPO_MAX_PEERS = K > 0 and more live peers than K, only K of them, drawn at random (seeded by
-        SEED, node, round and stage), are expected and read; while their complete batches offer fewer than J
-        groups with reward variance, the next K of the shuffled peers are added. Peers then have equal chances
-        and, when they publish equal numbers of groups, so does every group, as in sampling from all of them.
-        """
-        peers = sorted(set(state.live_workers) - {self.node_id})
-        cap = self.config.sapo_max_peers
-        capped = 0 < cap < len(peers)
-        if capped:
-            rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="peers").shuffle(peers)
-        expected = set(peers[:cap] if capped else peers)
-        gathered = _Gathered()
-        # (node, group id) -> the group and its local re-score: a batch re-published after each generation
-        # (ROLLOUT_PUBLISH_FREQUENCY=generation) re-scores, and rejects, only the groups that are new or changed.
-        verdicts: dict[tuple[str, str], tuple[RolloutGroup, tuple[float, ...] | None]] = {}
-
-        def poll() -> bool | None:
-            only = expected if capped else None
-            for node, batch in self.exchange.read_rollouts(ctx.round, ctx.stage, only=only).items():
-                if gathered.batches.get(node) is batch:
-                    continue
-                gathered.batches[node] = batch
-                scored = []
-                for group in batch.groups:
-                    seen = verdicts.get((node, group.group_id))
-                    if seen is not None and seen[0] == group:
-                        if seen[1] is not None:
-                            scored.append(ScoredGroup(node, group, seen[1]))
-                        continue
-                    rewards = self.workload.rescore(ctx, group)
-                    verdicts[(node, group.group_id)] = (group, rewards)
-                    if rewards is None:
-                        gathered.dropped += 1
-                        self.log.event(
-                            "group_rejected",
-                            f"{node}/{group.group_id}: provenance check failed",
-                            level="warning",
-                            source=node,
-                            group_id=group.group_id,
-                        )
-                        continue
-                    scored.append(ScoredGroup(node, group, rewards))
-                gathered.scored[node] = scored
-            complete = {n for n, b in gathered.batches.items() if b.complete}
-            if not expected <= complete:
-                return None
-            useful = sum(1 for g in gathered.pool() if g.has_variance)
-            if capped and useful < self.config.num_transplant_trees and len(expected) < len(peers):
-                expected.update(peers[len(expected) : len(expected) + cap])  # top up with the next drawn peers
-                return None
-            return True
-
-        if wait_for(poll, self.stop, self.config.rollout_wait_timeout, self._gather_backoff) is None:
-            missing = sorted(expected - {n for n, b in gathered.batches.items() if b.complete})
-            self.log.event(
-                "rollout_wait_expired",
-                f"went on after {self.config.rollout_wait_timeout:g} s without complete rollouts of {missing}",
-                level="warning",
-                missing=missing,
-            )
-        return gathered

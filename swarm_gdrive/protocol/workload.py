@@ -33,6 +33,11 @@ class StageContext:
 class Workload(Protocol):
     """The per-stage work of a worker."""
 
+    #: True for a workload without model state: nothing to checkpoint, so a restart has nothing to miss.
+    stateless: bool
+    #: A digest of the parameters :meth:`resume` restored (None before a restore, or without a model).
+    restored_digest: str | None
+
     def generate(self, ctx: StageContext) -> Iterator[RolloutGroup]:
         """Yield this node's groups for the stage (with the node's own rewards), one at a time."""
         ...
@@ -73,6 +78,7 @@ class SyntheticWorkload:
     """
 
     stateless = True  # no model: nothing to checkpoint or resume
+    restored_digest: str | None = None
 
     def __init__(
         self, num_samples: int, num_generations: int, step_seconds: float, stop: threading.Event | None = None

@@ -19,13 +19,16 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from swarm_gdrive.protocol.layout import Layout, parse_round_dir
 from swarm_gdrive.storage import Storage
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +88,7 @@ def optimizer_from_files(tensors: dict[str, torch.Tensor], meta: dict[str, Any])
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
-def param_digest(model: Any) -> str:
+def param_digest(model: PreTrainedModel) -> str:
     """sha256 over every parameter's name and bytes, in name order: equal digests, equal weights."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
@@ -107,8 +110,8 @@ def save(
     layout: Layout,
     node_id: str,
     round_: int,
-    model: Any,
-    tokenizer: Any,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     optimizer: torch.optim.Optimizer,
     keep_last: int = 2,
     extra: dict[str, Any] | None = None,

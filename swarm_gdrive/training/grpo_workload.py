@@ -70,6 +70,8 @@ def _stats(prefix: str, values: list[float]) -> dict[str, float]:
 class GRPOWorkload:
     """GRPO + SAPO on reasoning-gym with one model on one device."""
 
+    stateless = False  # a model, its optimizer and RNG states: checkpointed and resumed
+
     def __init__(self, config: Config, storage: Storage, node_id: str, stop: threading.Event) -> None:
         self.config = config
         self.storage = storage

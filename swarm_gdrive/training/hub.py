@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
 
 def push(
-    model: Any, tokenizer: Any, token: str, repo_id: str | None, experiment: str, node_id: str, round_: int
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    token: str,
+    repo_id: str | None,
+    experiment: str,
+    node_id: str,
+    round_: int,
 ) -> bool:
     """Upload the model and tokenizer (safetensors) to ``repo_id``; False (and a logged reason) on failure.
 

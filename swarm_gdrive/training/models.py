@@ -17,7 +17,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +112,9 @@ def _convert_gguf(folder: Path, filename: str, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def load_model_and_tokenizer(source: str, device: Any, dtype: Any, token: str | None = None) -> tuple[Any, Any]:
+def load_model_and_tokenizer(
+    source: str, device: Any, dtype: Any, token: str | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``from_pretrained`` with safetensors only, explicit device placement (no device_map)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

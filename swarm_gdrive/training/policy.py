@@ -17,13 +17,16 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from swarm_gdrive.protocol.records import MAX_COMPLETION_CHARS
 from swarm_gdrive.training import grpo
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +109,12 @@ class PolicyTrainer:
     """A causal LM, its tokenizer and optimizer, on one explicit device."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, settings: TrainSettings, device: torch.device, reference_model: Any = None
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        settings: TrainSettings,
+        device: torch.device,
+        reference_model: PreTrainedModel | None = None,
     ) -> None:
         if settings.loss.beta > 0 and reference_model is None:
             raise ValueError("BETA > 0 needs a frozen reference model")

@@ -1,0 +1,122 @@
+"""Gathering other nodes' rollouts of one stage for SAPO: which peers to read, re-scoring their groups locally,
+and when to stop waiting.
+
+A :class:`PeerGather` is made for one stage and polled until every expected peer's batch is complete (and,
+with a peer cap, offers enough groups with reward variance) or ROLLOUT_WAIT_TIMEOUT runs out.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from swarm_gdrive.protocol.exchange import Exchange
+from swarm_gdrive.protocol.polling import Backoff, wait_for
+from swarm_gdrive.protocol.records import RolloutBatch, RolloutGroup
+from swarm_gdrive.protocol.sapo import ScoredGroup, rng_for
+from swarm_gdrive.protocol.workload import StageContext
+
+#: Re-scores another node's group from its provenance (``Workload.rescore``); None drops it.
+Rescore = Callable[[StageContext, RolloutGroup], "tuple[float, ...] | None"]
+#: Records an event of the node's log: ``(event, message, level, **data)``.
+EventSink = Callable[..., None]
+
+
+@dataclass
+class Gathered:
+    """Other nodes' rollouts of one stage, re-scored locally, by source node."""
+
+    batches: dict[str, RolloutBatch] = field(default_factory=dict)
+    scored: dict[str, list[ScoredGroup]] = field(default_factory=dict)
+    dropped: int = 0
+
+    def pool(self) -> list[ScoredGroup]:
+        return [g for groups in self.scored.values() for g in groups]
+
+    def complete(self) -> set[str]:
+        """Peers whose batch of the stage is complete."""
+        return {node for node, batch in self.batches.items() if batch.complete}
+
+
+class PeerGather:
+    """Other nodes' rollouts of one stage, until every expected peer's batch is complete or time is up.
+
+    With SAPO_MAX_PEERS = K > 0 and more live peers than K, only K of them, drawn at random (seeded by
+    SEED, node, round and stage), are expected and read; while their complete batches offer fewer than J
+    groups with reward variance, the next K of the shuffled peers are added. Peers then have equal chances
+    and, when they publish equal numbers of groups, so does every group, as in sampling from all of them.
+    """
+
+    def __init__(
+        self,
+        exchange: Exchange,
+        ctx: StageContext,
+        live_workers: list[str],
+        max_peers: int,
+        wanted: int,
+        rescore: Rescore,
+        event: EventSink,
+    ) -> None:
+        self.exchange, self.ctx, self.wanted, self.rescore, self.event = exchange, ctx, wanted, rescore, event
+        self.peers = sorted(set(live_workers) - {ctx.node_id})
+        self.cap = max_peers
+        self.capped = 0 < max_peers < len(self.peers)
+        if self.capped:
+            rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="peers").shuffle(self.peers)
+        self.expected = set(self.peers[:max_peers] if self.capped else self.peers)
+        self.gathered = Gathered()
+        # (node, group id) -> the group and its local re-score: a batch re-published after each generation
+        # (ROLLOUT_PUBLISH_FREQUENCY=generation) re-scores, and rejects, only the groups that are new or changed.
+        self._verdicts: dict[tuple[str, str], tuple[RolloutGroup, tuple[float, ...] | None]] = {}
+
+    def run(self, stop: threading.Event, timeout: float, backoff: Backoff) -> Gathered:
+        """Poll until done or ``timeout`` seconds have passed; say so (``rollout_wait_expired``) in the latter case."""
+        if wait_for(self.poll, stop, timeout, backoff) is None:
+            missing = sorted(self.expected - self.gathered.complete())
+            self.event(
+                "rollout_wait_expired",
+                f"went on after {timeout:g} s without complete rollouts of {missing}",
+                level="warning",
+                missing=missing,
+            )
+        return self.gathered
+
+    def poll(self) -> bool | None:
+        """Read what the expected peers published; True when done, None to poll again."""
+        only = self.expected if self.capped else None
+        for node, batch in self.exchange.read_rollouts(self.ctx.round, self.ctx.stage, only=only).items():
+            if self.gathered.batches.get(node) is not batch:
+                self.gathered.batches[node] = batch
+                self.gathered.scored[node] = self._score(node, batch)
+        if not self.expected <= self.gathered.complete():
+            return None
+        useful = sum(1 for g in self.gathered.pool() if g.has_variance)
+        if self.capped and useful < self.wanted and len(self.expected) < len(self.peers):
+            # top up with the next drawn peers
+            self.expected.update(self.peers[len(self.expected) : len(self.expected) + self.cap])
+            return None
+        return True
+
+    def _score(self, node: str, batch: RolloutBatch) -> list[ScoredGroup]:
+        """The batch's groups with this node's own rewards; a group whose provenance fails is dropped and logged."""
+        scored = []
+        for group in batch.groups:
+            seen = self._verdicts.get((node, group.group_id))
+            if seen is not None and seen[0] == group:
+                rewards = seen[1]
+            else:
+                rewards = self.rescore(self.ctx, group)
+                self._verdicts[(node, group.group_id)] = (group, rewards)
+                if rewards is None:
+                    self.gathered.dropped += 1
+                    self.event(
+                        "group_rejected",
+                        f"{node}/{group.group_id}: provenance check failed",
+                        level="warning",
+                        source=node,
+                        group_id=group.group_id,
+                    )
+            if rewards is not None:
+                scored.append(ScoredGroup(node, group, rewards))
+        return scored
