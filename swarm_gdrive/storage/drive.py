@@ -639,5 +639,5 @@ def find_credentials(credentials_file: str | None, token_file: str | None) -> An
         raise DriveAuthError(
             "no Google credentials for GDRIVE_PATH=gdrive://...: set GOOGLE_APPLICATION_CREDENTIALS to a service "
             "account's JSON key (and share the folder with its e-mail), or GDRIVE_TOKEN_FILE to an authorized-user "
-            "token file, or run in Colab (it asks you to sign in); see README, 'Google Drive without a mount'"
+            "token file, or run in Colab (it asks you to sign in); see docs/storage.md"
         ) from None

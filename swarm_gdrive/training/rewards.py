@@ -76,7 +76,7 @@ def extract_answer(completion: str, mode: str = "strict") -> str | None:
 
     ``mode="lenient"`` falls back, when there is no answer pair, to the last number-like span
     (``-12``, ``3.5``, ``7/9``) of the completion: small models often state the right number
-    without the tag (see the README's learning-signal table). ``strict`` is the default, for
+    without the tag (see the learning-signal table in docs/training.md). ``strict`` is the default, for
     replication of the SAPO paper.
     """
     if mode not in EXTRACTION_MODES:
