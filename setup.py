@@ -22,6 +22,7 @@ setup(
         # trl: the reference GRPO implementation the loss is tested against (not needed at run time).
         # s3fs + moto: the S3 backend tested against moto's S3 server on 127.0.0.1.
         # papermill/nbclient/ipykernel: every notebook is executed headless in the tests.
+        # hypothesis: the fuzzer of every decoder and reader of the shared folder (tests/faults, tests/unit).
         # import-linter (2.17+ has acyclic_siblings): the floors of pyproject.toml, in tests/unit/test_layering.py.
         # oauth2client/PyYAML/funcy/appdirs/tqdm: what PyDrive2 imports; PyDrive2 itself is installed with
         # --no-deps by the README's test command (its cryptography<44 pin conflicts with moto's joserfc).
@@ -29,6 +30,7 @@ setup(
             "pytest>=8",
             "pytest-timeout>=2.3",
             "import-linter>=2.17,<3",
+            "hypothesis>=6.100",
             "ruff>=0.6",
             "trl>=1.16,<2",
             "datasets>=3",
