@@ -161,13 +161,14 @@ def _http_factory_of(service: Any) -> Callable[[], Any] | None:
     if not isinstance(base, google_auth_httplib2.AuthorizedHttp):
         return None
 
+    same = {  # the client's refresh settings, where this version of google-auth-httplib2 keeps them
+        key: getattr(base, f"_{key}")
+        for key in ("refresh_status_codes", "max_refresh_attempts")
+        if hasattr(base, f"_{key}")
+    }
+
     def make() -> Any:
-        return google_auth_httplib2.AuthorizedHttp(
-            base.credentials,
-            http=copy.copy(base.http),
-            refresh_status_codes=base._refresh_status_codes,
-            max_refresh_attempts=base._max_refresh_attempts,
-        )
+        return google_auth_httplib2.AuthorizedHttp(base.credentials, http=copy.copy(base.http), **same)
 
     return make
 
