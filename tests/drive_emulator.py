@@ -31,6 +31,12 @@ pages may skip or repeat entries; non-final resumable chunks need not be multipl
 metadata-only updates keep modifiedTime unless the request sets it; every change bumps
 ``version``.
 
+Operational hazards, each behind a switch: a resumable chunk or a ranged download that fails midway
+(``fail_transfer``), a member role that may not delete (``member_role``: Drive's Content manager),
+quota refusals of each cause (``quota_exceeded``), a token endpoint that fails or drops
+(``fail_token_next``, ``drop_token_next``), a slow link (``transfer_bytes_per_s``, besides
+``call_latency_s``). Bytes moved by chunked transfers are counted (``transfer_bytes``).
+
 Credentials: every request's Authorization header is recorded (``authorizations``); ``POST /token``
 is an OAuth 2.0 token endpoint (``token_uri``) that grants a bearer token for a service account's
 signed JWT or a refresh token, without checking the signature; after ``require_tokens()`` API
@@ -136,7 +142,33 @@ _FAULT_MESSAGES = {
     "notFound": "File not found.",
     "badRequest": "Bad Request",
     "insufficientFilePermissions": "The user does not have sufficient permissions for this file.",
+    "storageQuotaExceeded": "The user's Drive storage quota has been exceeded.",
+    "dailyLimitExceeded": "Daily Limit Exceeded",
 }
+#: ``quota_exceeded`` causes: (status, reason, message, which requests are refused). The messages are Drive's
+#: as reported by its users; the upload-limit one (750 GB a day) is undocumented and reported by rclone's
+#: authors as "User rate limit exceeded." with reason userRateLimitExceeded.
+QUOTA_CAUSES: dict[str, tuple[int, str, str, str]] = {
+    "service_account": (
+        403,
+        "storageQuotaExceeded",
+        "Service Accounts do not have storage quota. Leverage shared drives "
+        "(https://developers.google.com/workspace/drive/api/guides/about-shareddrives), or use OAuth delegation "
+        "(http://support.google.com/a/answer/7281227) instead.",
+        "upload",
+    ),
+    "storage_full": (403, "storageQuotaExceeded", "The user's Drive storage quota has been exceeded.", "upload"),
+    "shared_drive_items": (
+        403,
+        "teamDriveFileLimitExceeded",
+        "The file limit for this shared drive has been exceeded.",
+        "create",
+    ),
+    "daily_limit": (403, "dailyLimitExceeded", "Daily Limit Exceeded", "any"),
+    "upload_limit": (403, "userRateLimitExceeded", "User rate limit exceeded.", "upload"),
+}
+#: ``member_role`` values: what a member of a shared drive may do to files (Drive's "Roles and permissions").
+MEMBER_ROLES = ("organizer", "fileOrganizer", "writer")
 # Writable metadata the emulator stores and returns, and writable metadata it accepts and ignores.
 _STORED_EXTRA = ("description", "properties", "appProperties")
 _IGNORED_WRITABLE = {
@@ -177,9 +209,13 @@ def _invalid(message: str, location: str = "") -> ApiError:
     return ApiError(400, "invalid", message, location=location)
 
 
-def _fault_error(status: int, reason: str) -> ApiError:
+def _fault_error(status: int, reason: str, message: str | None = None) -> ApiError:
     domain = "usageLimits" if reason in _USAGE_LIMIT_REASONS else "global"
-    return ApiError(status, reason, _FAULT_MESSAGES.get(reason, reason), domain=domain)
+    return ApiError(status, reason, message or _FAULT_MESSAGES.get(reason, reason), domain=domain)
+
+
+def _no_permission() -> ApiError:
+    return ApiError(403, "insufficientFilePermissions", _FAULT_MESSAGES["insufficientFilePermissions"])
 
 
 # ------------------------------------------------------------------------------------------ time format
@@ -502,6 +538,9 @@ class _Handler(BaseHTTPRequestHandler):
         if response is None:  # drop_next: close without answering
             self.close_connection = True
             return
+        rate = self.server.emulator.transfer_bytes_per_s
+        if rate:  # a slow link: the bytes of the request and of the answer take their time, outside the lock
+            time.sleep((len(body) + len(response.body)) / rate)
         self.send_response(response.status)
         for name, value in response.headers:
             self.send_header(name, value)
@@ -521,6 +560,12 @@ class DriveEmulator:
         self._files: dict[str, _File] = {}
         self._sessions: dict[str, _Session] = {}
         self._faults: deque[tuple[int, str] | None] = deque()  # None: drop the connection
+        self._token_faults: deque[tuple[int, str] | None] = deque()  # the token endpoint's: None drops
+        self._transfer_faults: dict[str, list[int | tuple[int, str]]] = {"upload": [], "download": []}
+        self.transfer_bytes = {"upload": 0, "download": 0}  # bytes of resumable chunks and ranged downloads
+        self._quota_exceeded: str | None = None
+        self._member_role = "organizer"
+        self._transfer_bytes_per_s = 0.0
         self._duplicate_creates = False
         self._list_lag_s = 0.0
         self._call_latency_s = 0.0
@@ -634,6 +679,76 @@ class DriveEmulator:
     def call_latency_s(self, value: float) -> None:
         with self._lock:
             self._call_latency_s = max(0.0, float(value))
+
+    @property
+    def transfer_bytes_per_s(self) -> float:
+        """A slow link: every request and answer also waits its size / this many bytes per second (0: off)."""
+        with self._lock:
+            return self._transfer_bytes_per_s
+
+    @transfer_bytes_per_s.setter
+    def transfer_bytes_per_s(self, value: float) -> None:
+        with self._lock:
+            self._transfer_bytes_per_s = max(0.0, float(value))
+
+    @property
+    def member_role(self) -> str:
+        """The caller's role in the (shared) drive: ``organizer`` (Manager) may delete; ``fileOrganizer``
+        (Content manager) gets 403 insufficientFilePermissions from files.delete but may trash; ``writer``
+        (Contributor, or an editor who does not own the file) may do neither."""
+        with self._lock:
+            return self._member_role
+
+    @member_role.setter
+    def member_role(self, value: str) -> None:
+        if value not in MEMBER_ROLES:
+            raise ValueError(f"member_role must be one of {MEMBER_ROLES}, not {value!r}")
+        with self._lock:
+            self._member_role = value
+
+    @property
+    def quota_exceeded(self) -> str | None:
+        """None, or a key of QUOTA_CAUSES: the requests of that cause are refused with Drive's error."""
+        with self._lock:
+            return self._quota_exceeded
+
+    @quota_exceeded.setter
+    def quota_exceeded(self, cause: str | None) -> None:
+        if cause is not None and cause not in QUOTA_CAUSES:
+            raise ValueError(f"quota_exceeded must be None or one of {sorted(QUOTA_CAUSES)}, not {cause!r}")
+        with self._lock:
+            self._quota_exceeded = cause
+
+    def fail_transfer(
+        self, kind: str, after: int, count: int = 1, status: int = 503, reason: str = "backendError"
+    ) -> None:
+        """Let ``after`` more chunks of ``kind`` (``upload``: resumable chunks carrying bytes; ``download``:
+        ranged media GETs) through, then fail the next ``count`` with ``status``: a transfer broken midway."""
+        with self._lock:
+            self._transfer_faults[kind] = [after, *([(status, reason)] * count)]
+
+    def _transfer_fault(self, kind: str) -> ApiError | None:
+        plan = self._transfer_faults[kind]
+        if not plan:
+            return None
+        if isinstance(plan[0], int):
+            if plan[0] > 0:
+                plan[0] -= 1
+                return None
+            plan.pop(0)
+        status, reason = plan.pop(0)  # type: ignore[misc]
+        return _fault_error(status, reason)
+
+    def fail_token_next(self, count: int, status: int = 503, error: str = "server_error") -> None:
+        """The token endpoint answers the next ``count`` grants with ``status`` and OAuth error ``error``
+        (503 server_error is retryable; 400 invalid_grant is a revoked or expired grant)."""
+        with self._lock:
+            self._token_faults.extend([(status, error)] * count)
+
+    def drop_token_next(self, count: int) -> None:
+        """The token endpoint closes the next ``count`` connections without answering (a network error)."""
+        with self._lock:
+            self._token_faults.extend([None] * count)
 
     @property
     def token_uri(self) -> str:
@@ -825,7 +940,14 @@ class DriveEmulator:
             else:
                 f.extra[key] = value
 
+    def _check_quota(self, kind: str) -> None:
+        cause = self._quota_exceeded
+        if cause is not None and QUOTA_CAUSES[cause][3] == kind:
+            status, reason, message, _ = QUOTA_CAUSES[cause]
+            raise _fault_error(status, reason, message)
+
     def _create(self, meta: dict, data: bytes | None, media_type: str | None) -> _File:
+        self._check_quota("create")
         self._check_writable(meta, {"name", "mimeType", "parents", "modifiedTime", "createdTime"})
         name = meta.get("name", "Untitled")
         if not isinstance(name, str):
@@ -852,6 +974,8 @@ class DriveEmulator:
                 raise _invalid("Invalid Value", "name")
             f.name = meta["name"]
         if "trashed" in meta:
+            if self._member_role == "writer":
+                raise _no_permission()
             f.trashed = bool(meta["trashed"])
         if "mimeType" in meta and meta["mimeType"] != f.mime_type:
             if f.is_folder or meta["mimeType"] == FOLDER_MIME:
@@ -886,6 +1010,8 @@ class DriveEmulator:
         f = self._get(file_id)
         if f.id == self.my_drive_id:
             raise ApiError(403, "insufficientFilePermissions", "The root folder cannot be deleted.")
+        if self._member_role != "organizer":
+            raise _no_permission()
         for doomed in [f.id, *self._descendants(f.id)]:
             self._files.pop(doomed, None)
 
@@ -921,6 +1047,13 @@ class DriveEmulator:
     def _handle(self, method: str, raw_path: str, headers: Any, body: bytes) -> _Response | None:
         split = urlsplit(raw_path)
         if split.path == TOKEN_PATH:
+            with self._lock:
+                token_fault = self._token_faults.popleft() if self._token_faults else 0
+            if token_fault is None:
+                return None
+            if token_fault:
+                status, error = token_fault
+                return _json_response(status, {"error": error, "error_description": f"emulated {error}"})
             return self._h_token(method, body)
         with self._lock:
             self.requests.append((method, raw_path))
@@ -932,6 +1065,7 @@ class DriveEmulator:
             if fault:
                 raise _fault_error(*fault)
             self._check_bearer(headers.get("Authorization"))
+            self._check_quota("any")
             query = dict(parse_qsl(split.query, keep_blank_values=True))
             request = _Request(method, split.path, query, headers, body)
             handler, path_params = self._route(request)
@@ -988,7 +1122,13 @@ class DriveEmulator:
         if f.data is None:
             message = "Only files with binary content can be downloaded. Use Export with Docs Editors files."
             raise ApiError(403, "fileNotDownloadable", message, location="alt")
-        return _media_response(f.data, request.headers.get("Range"))
+        response = _media_response(f.data, request.headers.get("Range"))
+        if request.headers.get("Range"):
+            fault = self._transfer_fault("download")
+            if fault is not None:
+                raise fault
+            self.transfer_bytes["download"] += len(response.body)
+        return response
 
     def _h_create(self, request: _Request) -> _Response:
         meta = _json_object(request.body)
@@ -1012,12 +1152,14 @@ class DriveEmulator:
         raise _invalid(f"Invalid uploadType {upload_type!r}", "uploadType")
 
     def _h_upload_create(self, request: _Request) -> _Response:
+        self._check_quota("upload")
         if _is_resumable(request):
             return self._start_session(request, None)
         meta, data, media_type = self._upload_parts(request)
         return self._file_response(self._create(meta, data, media_type), request.query)
 
     def _h_upload_update(self, request: _Request, file_id: str) -> _Response:
+        self._check_quota("upload")
         if _is_resumable(request):
             return self._start_session(request, self._get(file_id).id)
         meta, data, _ = self._upload_parts(request)
@@ -1038,6 +1180,11 @@ class DriveEmulator:
             raise ApiError(404, "notFound", "No such upload session.", location=SESSION_PARAM)
         if session.done_id is not None:
             return self._file_response(self._get(session.done_id), session.query)
+        if request.body:
+            fault = self._transfer_fault("upload")
+            if fault is not None:
+                raise fault
+            self.transfer_bytes["upload"] += len(request.body)
         start, total = _content_range(request.headers.get("Content-Range"), len(request.body), session)
         if start is not None and start <= len(session.buf):
             session.buf += request.body[len(session.buf) - start :]

@@ -39,10 +39,9 @@ def open_storage(
     (the Drive API on PyDrive2's credentials), any fsspec URL (``s3://``, ``gs://``, ``memory://``), else a
     local or mounted folder."""
     if location.startswith("gdrive://"):
-        from swarm_gdrive.storage.drive import DriveStorage, build_service, parse_drive_url
+        from swarm_gdrive.storage.drive import open_drive_storage
 
-        folder_id, prefix = parse_drive_url(location)
-        return DriveStorage(folder_id, prefix, service=build_service(credentials_file, token_file, api_url))
+        return open_drive_storage(location, credentials_file, token_file, api_url)
     if location.startswith("pydrive2://"):
         from swarm_gdrive.storage.pydrive2_auth import open_pydrive2_storage
 

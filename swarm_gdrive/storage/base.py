@@ -7,6 +7,7 @@ Paths are relative POSIX strings (``experiments/x/state/current_state.json``) bu
 from __future__ import annotations
 
 import logging
+import random
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from tenacity import (
     stop_all,
     wait_random_exponential,
 )
+from tenacity.wait import wait_base
 
 logger = logging.getLogger(__name__)
 
@@ -121,13 +123,39 @@ class Storage(Protocol):
         ...
 
 
+class wait_truncated_exponential(wait_base):  # noqa: N801 - named like tenacity's own wait strategies
+    """Google's truncated exponential backoff: before retry n (1, 2, ...) wait
+    ``min(first * 2**(n - 1) + U(0, jitter), cap)`` seconds: about 1, 2, 4, 8, 16, 32, 32 ... s with
+    ``first = jitter = 1`` and ``cap = 32``.
+
+    Source: Google Drive API, "Usage limits", section "Resolve time-based quota errors"
+    (https://developers.google.com/workspace/drive/api/guides/limits#exponential): wait
+    ``min((2^n + random_number_milliseconds), maximum_backoff)`` with n = 0, 1, 2 ..., the random part
+    at most 1000 ms and ``maximum_backoff`` "typically 32 or 64 seconds".
+    """
+
+    def __init__(self, first: float = 1.0, cap: float = 32.0, jitter: float | None = None) -> None:
+        self.first, self.cap = first, cap
+        self.jitter = first if jitter is None else jitter
+
+    def __call__(self, retry_state: object) -> float:
+        n = max(1, getattr(retry_state, "attempt_number", 1))
+        return min(self.first * 2 ** (n - 1) + random.uniform(0.0, self.jitter), self.cap)
+
+
 def retrying(
-    is_transient: Callable[[BaseException], bool], attempts: int, max_wait: float, min_seconds: float = 0.0
+    is_transient: Callable[[BaseException], bool],
+    attempts: int,
+    max_wait: float,
+    min_seconds: float = 0.0,
+    wait: wait_base | None = None,
 ) -> Retrying:
     """A tenacity policy: exponential backoff with jitter on transient errors only.
 
     It gives up after ``attempts`` tries, but not before ``min_seconds`` have passed: a burst of
-    rate-limit answers can outlast a handful of quick retries.
+    rate-limit answers can outlast a handful of quick retries. The default wait before retry n is
+    uniform in ``[0, min(0.2 * 2**(n - 1), max_wait)]``; a backend passes ``wait`` to follow its
+    service's own guidance (Drive: :class:`wait_truncated_exponential`).
     """
     stop = stop_after_attempt(attempts)
     if min_seconds > 0:
@@ -135,7 +163,7 @@ def retrying(
     return Retrying(
         retry=retry_if_exception(is_transient),
         stop=stop,
-        wait=wait_random_exponential(multiplier=0.2, max=max_wait),
+        wait=wait if wait is not None else wait_random_exponential(multiplier=0.2, max=max_wait),
         before_sleep=before_sleep_log(logger, logging.WARNING),
         reraise=True,
     )

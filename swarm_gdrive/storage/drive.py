@@ -10,18 +10,27 @@ Drive is not a filesystem, and this backend turns its quirks into the storage co
   merged into its listings, and the protocol's bounded waits retry what is still missing.
 - An upload replaces a file's content whole, so a reader sees the old or the new content;
   downloads are checked against the md5 Drive reports.
-- Rate limits (403 userRateLimitExceeded / rateLimitExceeded, 429), 5xx and dropped
-  connections are retried with exponential backoff and jitter (tenacity); 404, a 403 for
-  missing permission, 400 and 401 fail at once with a message that says what to fix.
+- Rate limits, 5xx, dropped connections and transient token-refresh failures are retried with
+  Google's truncated exponential backoff (about 1, 2, 4 ... 32 s, with jitter); other errors fail at
+  once with a message that names the cause and the fix (:mod:`swarm_gdrive.storage.drive_errors`).
+
+Operations: every thread has its own authorized HTTP connection (httplib2 is not thread-safe), so a
+heartbeat never waits behind another thread's transfer. Files above 5 MiB go up resumable, in
+chunks; a failed chunk is retried from the last byte Drive acknowledged, and a large download is
+read by ranges, a failed range retried alone. A delete that Drive refuses for want of a role
+(a shared drive's Content manager may trash, not delete) moves the file to the trash instead, or
+leaves it with one warning. :func:`open_drive_storage` checks the root folder first: a wrong or
+unshared id is one line naming GDRIVE_PATH.
 
 Economy: ``fields`` is restricted to what is used, listings ask for 1000 entries a page and
-one listing of a folder serves the reads of the files in it; uploads above 5 MB are resumable.
-Every API call and byte is counted in :attr:`DriveStorage.counters`.
+one listing of a folder serves the reads of the files in it. Every API call and byte is counted
+in :attr:`DriveStorage.counters`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import io
@@ -30,6 +39,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import PurePosixPath
@@ -43,30 +53,65 @@ from swarm_gdrive.storage.base import (
     StorageUnavailableError,
     is_temporary,
     retrying,
+    wait_truncated_exponential,
+)
+from swarm_gdrive.storage.drive_errors import (
+    DriveAuthError,
+    DriveError,
+    DrivePermissionError,
+    DriveQuotaError,
+    describe_account,
+    exhausted_message,
+    explain,
+    is_transient_drive_error,
 )
 
+__all__ = [
+    "DriveAuthError",
+    "DriveError",
+    "DrivePermissionError",
+    "DriveQuotaError",
+    "DriveStorage",
+    "build_service",
+    "find_credentials",
+    "is_transient_drive_error",
+    "open_drive_storage",
+    "parse_drive_url",
+]
+
 logger = logging.getLogger(__name__)
+
+
+class _NoClientRetryNotes(logging.Filter):
+    """googleapiclient logs a WARNING for every 403/429 it sees, even with its own retries off; this backend
+    retries and reports those itself (once per refusal, with the fix), so the client's notes are dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Encountered ")
+
+
+logging.getLogger("googleapiclient.http").addFilter(_NoClientRetryNotes())
 
 FOLDER_MIME = "application/vnd.google-apps.folder"
 SCOPES = ["https://www.googleapis.com/auth/drive"]
 RESUMABLE_ABOVE = 5 * 1024 * 1024
+#: Chunk of a resumable upload and range of a chunked download: what one failure costs at most. A
+#: multiple of 256 KiB, as Drive requires of every chunk but the last.
+CHUNK_BYTES = 32 * 1024 * 1024
 #: A folder younger than this may still get a duplicate from a node whose listing lags: re-check it.
 YOUNG_FOLDER_S = 120.0
 RECHECK_YOUNG_S = 2.0
+#: A resumable session that Drive forgot (404/410 on a chunk) starts over, at most this many times.
+MAX_SESSION_RESTARTS = 3
 _FILE_FIELDS = "id,name,mimeType,size,md5Checksum,modifiedTime,createdTime"
 _LIST_FIELDS = f"nextPageToken,files({_FILE_FIELDS})"
 #: Shared drives (where a service account can own files) need these on every request.
 _ALL_DRIVES = {"supportsAllDrives": True}
 _LIST_ALL_DRIVES = {"supportsAllDrives": True, "includeItemsFromAllDrives": True}
-_RETRY_REASONS = {"userRateLimitExceeded", "rateLimitExceeded", "backendError", "internalError"}
 
 
-class DriveError(StorageError):
-    """A Drive error that retrying cannot fix; the message says what to do."""
-
-
-class DriveAuthError(DriveError):
-    """No usable credentials; the message says how to get some."""
+class _SessionLost(Exception):
+    """Drive no longer knows a resumable upload session (404 or 410 on a chunk): start it again."""
 
 
 @dataclass(frozen=True)
@@ -103,38 +148,29 @@ def _quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _http_status(exc: BaseException) -> int | None:
-    resp = getattr(exc, "resp", None)
-    return int(resp.status) if resp is not None and getattr(resp, "status", None) else None
+def _http_factory_of(service: Any) -> Callable[[], Any] | None:
+    """A maker of fresh authorized connections like the client's own, or None when its transport is
+    not google-auth's (then every request goes through the client's one connection, under a lock).
 
+    ``copy.copy`` of an ``httplib2.Http`` keeps its settings (timeout, proxy, certificates, redirect
+    codes) and drops its open connections (``Http.__getstate__``).
+    """
+    import google_auth_httplib2
 
-def _reasons(exc: BaseException) -> set[str]:
-    try:
-        payload = json.loads(exc.content.decode("utf-8"))  # type: ignore[attr-defined]
-        return {e.get("reason", "") for e in payload.get("error", {}).get("errors", [])}
-    except Exception:  # noqa: BLE001 - an unparseable body simply has no reasons
-        return set()
+    base = getattr(service, "_http", None)
+    if not isinstance(base, google_auth_httplib2.AuthorizedHttp):
+        return None
 
+    same = {  # the client's refresh settings, where this version of google-auth-httplib2 keeps them
+        key: getattr(base, f"_{key}")
+        for key in ("refresh_status_codes", "max_refresh_attempts")
+        if hasattr(base, f"_{key}")
+    }
 
-def is_transient_drive_error(exc: BaseException) -> bool:
-    """Rate limits, 5xx and dropped connections: worth retrying with backoff."""
-    from googleapiclient.errors import HttpError
+    def make() -> Any:
+        return google_auth_httplib2.AuthorizedHttp(base.credentials, http=copy.copy(base.http), **same)
 
-    if isinstance(exc, HttpError):
-        status = _http_status(exc)
-        if status == 429 or (status is not None and status >= 500):
-            return True
-        return status == 403 and bool(_reasons(exc) & _RETRY_REASONS)
-    if isinstance(exc, (FileNotFoundError, FileTooLargeError, DriveError)):
-        return False
-    import http.client
-
-    import httplib2
-
-    return isinstance(
-        exc,
-        (ConnectionError, TimeoutError, http.client.HTTPException, httplib2.HttpLib2Error, BrokenPipeError, OSError),
-    )
+    return make
 
 
 class DriveStorage:
@@ -145,10 +181,14 @@ class DriveStorage:
         root_folder_id: str,
         prefix: str = "",
         service: Any = None,
-        retry_attempts: int = 8,
-        retry_max_wait: float = 30.0,
+        retry_attempts: int = 7,
+        retry_max_wait: float = 32.0,
         cache_ttl: float = 60.0,
         min_retry_s: float = 60.0,
+        http_factory: Callable[[], Any] | None = None,
+        location: str | None = None,
+        account: str | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
         self.root_folder_id = root_folder_id
         self.prefix = [p for p in PurePosixPath(prefix).parts if p not in ("", "/")] if prefix else []
@@ -156,8 +196,17 @@ class DriveStorage:
         self._attempts = retry_attempts
         self._max_wait = retry_max_wait
         self._min_retry_s = min_retry_s
+        # Google's guidance: 1, 2, 4 ... s plus up to 1 s of jitter, truncated at the cap (a test's small cap
+        # scales the whole schedule down).
+        first = min(1.0, retry_max_wait)
+        self._wait = wait_truncated_exponential(first=first, cap=retry_max_wait, jitter=first)
+        self._http_factory = http_factory
+        self._local = threading.local()  # this thread's own connection
+        self.location = location or "GDRIVE_PATH=gdrive://" + "/".join([root_folder_id, *self.prefix])
+        self._account = account
+        self.chunk_bytes = chunk_bytes
         self._lock = threading.RLock()
-        self._api_lock = threading.Lock()
+        self._api_lock = threading.Lock()  # only for a client whose connection cannot be duplicated
         # folder path -> (ids of every folder at that path, oldest first; when resolved; newest createdTime)
         self._folders: dict[tuple[str, ...], tuple[list[str], float, float]] = {}
         self._listing: dict[str, dict[str, _Entry]] = {}  # folder id -> name -> entry (newest duplicate)
@@ -166,7 +215,15 @@ class DriveStorage:
         self._own: dict[tuple[str, str], _Entry] = {}  # (folder id, name) -> what this node wrote last
         self._own_by_path: dict[str, _Entry] = {}  # storage path -> the same entry
         self._appended: dict[str, bytes] = {}  # own append-only files: content, so an append is one upload
-        self.counters = {"api_calls": 0, "bytes_up": 0, "bytes_down": 0, "retries": 0}
+        self._warned: set[str] = set()
+        self.counters = {
+            "api_calls": 0,
+            "bytes_up": 0,
+            "bytes_down": 0,
+            "retries": 0,
+            "trashed": 0,
+            "deletes_refused": 0,
+        }
 
     def describe(self) -> str:
         return f"Google Drive folder {self.root_folder_id}" + (f"/{'/'.join(self.prefix)}" if self.prefix else "")
@@ -177,52 +234,117 @@ class DriveStorage:
             self._service = build_service()
         return self._service
 
+    @property
+    def account(self) -> str:
+        """Who the node signs in as, for messages."""
+        if self._account is None:
+            self._account = describe_account(getattr(getattr(self.service, "_http", None), "credentials", None))
+        return self._account
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self.counters[key] += n
+
     # -- calls -------------------------------------------------------------------------------
+
+    def _http(self) -> Any:
+        """This thread's own authorized connection (made on first use), or None to share the client's."""
+        http = getattr(self._local, "http", False)
+        if http is False:
+            factory = self._http_factory or _http_factory_of(self.service)
+            http = factory() if factory is not None else None
+            self._local.http = http
+        return http
+
+    def _execute(self, request: Any) -> Any:
+        return self._bind(request)(lambda: request.execute(num_retries=0))
+
+    def _bind(self, request: Any) -> Callable[[Callable[[], Any]], Any]:
+        """Point ``request`` at this thread's connection; the returned runner runs a step of it (under the
+        lock when the client's one connection is shared)."""
+        http = self._http()
+        if http is not None:
+            request.http = http
+            return lambda step: step()
+
+        def locked(step: Callable[[], Any]) -> Any:
+            with self._api_lock:  # one shared connection: httplib2 is not thread-safe
+                return step()
+
+        return locked
 
     def _call(self, request_factory: Any) -> Any:
         """Execute a request (built fresh per attempt), retrying transient failures only."""
+        return self._retry(lambda: self._execute(request_factory()))
+
+    def _retry(self, step: Callable[[], Any], upload: bool = False) -> Any:
+        """Run ``step`` (one request), retrying transient failures with Google's backoff."""
+        started = time.monotonic()
         try:
-            for attempt in retrying(is_transient_drive_error, self._attempts, self._max_wait, self._min_retry_s):
+            for attempt in retrying(
+                is_transient_drive_error, self._attempts, self._max_wait, self._min_retry_s, wait=self._wait
+            ):
                 with attempt:
                     if attempt.retry_state.attempt_number > 1:
-                        self.counters["retries"] += 1
-                    self.counters["api_calls"] += 1
+                        self._count("retries")
+                    self._count("api_calls")
                     try:
-                        with self._api_lock:  # httplib2 connections are not thread-safe (heartbeat vs main)
-                            return request_factory().execute(num_retries=0)
+                        return step()
+                    except _SessionLost:
+                        raise
                     except Exception as exc:
-                        raise self._explain(exc) from exc
-        except (StorageError, FileNotFoundError, FileTooLargeError):
+                        raise explain(exc, self.location, self.account) from exc
+        except (StorageError, FileNotFoundError, FileTooLargeError, _SessionLost):
             raise
         except Exception as exc:  # retries exhausted on a transient error: an OSError callers handle
-            raise StorageUnavailableError(f"Drive kept failing after {self._attempts} attempts: {exc}") from exc
+            message = exhausted_message(exc, self._attempts, time.monotonic() - started, upload)
+            raise StorageUnavailableError(message) from exc
         raise StorageError("unreachable")  # pragma: no cover
 
-    def _explain(self, exc: Exception) -> Exception:
-        from google.auth.exceptions import RefreshError
-        from googleapiclient.errors import HttpError
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        """WARNING the first time, DEBUG after: a refusal that repeats every round is said once."""
+        with self._lock:
+            first = key not in self._warned
+            self._warned.add(key)
+        logger.log(logging.WARNING if first else logging.DEBUG, message, *args)
 
-        if isinstance(exc, RefreshError):
-            return DriveAuthError(f"the Google credentials could not be refreshed ({exc}): create a new token or key")
-        if not isinstance(exc, HttpError) or is_transient_drive_error(exc):
-            return exc
-        status, reasons = _http_status(exc), _reasons(exc)
-        if status == 404:
-            return FileNotFoundError(f"Drive answered 404 ({', '.join(reasons) or 'notFound'})")
-        if status == 401:
-            return DriveAuthError("Drive refused the credentials (401): refresh or recreate the token")
-        if status == 403 and "storageQuotaExceeded" in reasons:
-            return DriveError(
-                "Drive refused to store the file (403 storageQuotaExceeded): a service account has no Drive storage "
-                "of its own; put the folder in a shared drive with the service account as a member, or use "
-                "GDRIVE_TOKEN_FILE (a user's OAuth token)"
+    @contextlib.contextmanager
+    def _root_guard(self, parent_id: str) -> Any:
+        """A 404 on creating something in the root folder means the root is gone (deleted, unshared since the
+        start): say that, naming GDRIVE_PATH, rather than 'not found'."""
+        try:
+            yield
+        except FileNotFoundError:
+            if parent_id == self.root_folder_id:
+                self.check_root()
+            raise
+
+    def check_root(self) -> None:
+        """Raise DriveError, naming GDRIVE_PATH and the fix, unless the root id is a folder this account
+        can open (Drive answers 404 both for an unknown id and for a folder not shared with the account)."""
+        try:
+            meta = self._call(
+                lambda: self.service.files().get(
+                    **_ALL_DRIVES, fileId=self.root_folder_id, fields="id,name,mimeType,trashed"
+                )
             )
-        if status == 403:
-            return DriveError(
-                f"Drive refused access (403 {', '.join(reasons) or 'forbidden'}) to folder {self.root_folder_id}: "
-                "share the folder with the service account's e-mail (Editor), or check the folder id in GDRIVE_PATH"
+        except FileNotFoundError:
+            raise DriveError(
+                f"{self.location}: Drive has no folder {self.root_folder_id} that {self.account} can open (404 "
+                "notFound): check the id (what follows /folders/ in the folder's address in a browser) and share "
+                f"the folder with {self.account} (Editor; in a shared drive, Manager)",
+                404,
+                frozenset({"notFound"}),
+            ) from None
+        if meta.get("mimeType") != FOLDER_MIME:
+            raise DriveError(
+                f"{self.location}: {self.root_folder_id} is a file ({meta.get('name')!r}), not a folder: use the id "
+                "of the folder that holds experiments/"
             )
-        return DriveError(f"Drive rejected the request ({status} {', '.join(reasons)}): {exc}")
+        if meta.get("trashed"):
+            raise DriveError(
+                f"{self.location}: the folder {meta.get('name')!r} is in Drive's trash: restore it, or use another"
+            )
 
     # -- folders -----------------------------------------------------------------------------
 
@@ -255,7 +377,8 @@ class DriveStorage:
                 continue
             found = sorted((e for pid in current for e in self._find_folders(pid, name)), key=lambda e: (e.ctime, e.id))
             if not found and create:
-                found = [self._create_folder(current[0], name)]
+                with self._root_guard(current[0]):
+                    found = [self._create_folder(current[0], name)]
             if not found:
                 return []
             with self._lock:
@@ -389,9 +512,8 @@ class DriveStorage:
                 time.sleep(min(1.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
             if size > max_bytes:
                 raise FileTooLargeError(path, size, max_bytes)
-            data = self._call(lambda: self.service.files().get_media(**_ALL_DRIVES, fileId=entry.id))
-            data = data if isinstance(data, bytes) else bytes(data)
-            self.counters["bytes_down"] += len(data)
+            data = self._fetch(entry.id, size, max_bytes, path)
+            self._count("bytes_down", len(data))
             if len(data) > max_bytes:
                 raise FileTooLargeError(path, len(data), max_bytes)
             digest = hashlib.md5(data).hexdigest()  # noqa: S324 - Drive's checksum is md5
@@ -412,6 +534,25 @@ class DriveStorage:
         )
         return data
 
+    def _fetch(self, file_id: str, size: int, max_bytes: int, path: str) -> bytes:
+        """One download: a single request up to ``chunk_bytes``, else by ranges of ``chunk_bytes``, each
+        retried alone, so a failure midway costs one range, not the file."""
+        if size <= self.chunk_bytes:
+            data = self._call(lambda: self.service.files().get_media(**_ALL_DRIVES, fileId=file_id))
+            return data if isinstance(data, bytes) else bytes(data)
+        from googleapiclient.http import MediaIoBaseDownload
+
+        request = self.service.files().get_media(**_ALL_DRIVES, fileId=file_id)
+        run = self._bind(request)
+        buffer = io.BytesIO()
+        downloader = MediaIoBaseDownload(buffer, request, chunksize=self.chunk_bytes)
+        done = False
+        while not done:
+            status, done = self._retry(lambda: run(lambda: downloader.next_chunk(num_retries=0)))
+            if (status.total_size or 0) > max_bytes or buffer.tell() > max_bytes:
+                raise FileTooLargeError(path, max(status.total_size or 0, buffer.tell()), max_bytes)
+        return buffer.getvalue()
+
     def _refresh_cached(self, entry: _Entry, md5: str, size: int) -> None:
         """Remember a file's new checksum, so the next read of it costs one call, not two."""
         with self._lock:
@@ -420,8 +561,6 @@ class DriveStorage:
                 listed[entry.name] = dataclasses.replace(listed[entry.name], md5=md5, size=size)
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        from googleapiclient.http import MediaIoBaseUpload
-
         parts = self._parts(path)
         name = parts[-1]
         data = bytes(data)
@@ -429,31 +568,66 @@ class DriveStorage:
             own = self._own_by_path.get(path)
         existing = own if own is not None else self._own_file(parts)
 
-        def media() -> Any:
-            return MediaIoBaseUpload(
-                io.BytesIO(data),
-                mimetype="application/octet-stream",
-                resumable=len(data) > RESUMABLE_ABOVE,
-                chunksize=RESUMABLE_ABOVE,
-            )
-
         files = self.service.files()
         if existing is None:
             folder_id = self._folder(parts[:-1], create=True)
             assert folder_id is not None
             body = {"name": name, "parents": [folder_id]}
-            raw = self._call(lambda: files.create(**_ALL_DRIVES, body=body, media_body=media(), fields=_FILE_FIELDS))
+            with self._root_guard(folder_id):
+                raw = self._upload(
+                    lambda media: files.create(**_ALL_DRIVES, body=body, media_body=media, fields=_FILE_FIELDS), data
+                )
         else:
             folder_id = existing.parent
-            raw = self._call(
-                lambda: files.update(**_ALL_DRIVES, fileId=existing.id, media_body=media(), fields=_FILE_FIELDS)
+            raw = self._upload(
+                lambda media: files.update(**_ALL_DRIVES, fileId=existing.id, media_body=media, fields=_FILE_FIELDS),
+                data,
             )
-        self.counters["bytes_up"] += len(data)
+        self._count("bytes_up", len(data))
         entry = dataclasses.replace(_entry(raw), parent=folder_id)
         with self._lock:
             self._own[(folder_id, name)] = entry
             self._own_by_path[path] = entry
             self._listing.setdefault(folder_id, {})[name] = entry
+
+    def _upload(self, make_request: Callable[[Any], Any], data: bytes) -> dict[str, Any]:
+        """Upload ``data`` with the request ``make_request(media)`` builds: whole in one request up to
+        RESUMABLE_ABOVE, else in a resumable session whose chunks are retried one by one: after a failed
+        chunk the client asks Drive how much it holds and goes on from there (googleapiclient's
+        ``next_chunk`` in its error state), so a failure costs one chunk, not the file."""
+        from googleapiclient.http import MediaIoBaseUpload
+
+        def media(resumable: bool) -> Any:
+            return MediaIoBaseUpload(
+                io.BytesIO(data), mimetype="application/octet-stream", resumable=resumable, chunksize=self.chunk_bytes
+            )
+
+        if len(data) <= RESUMABLE_ABOVE:
+            return self._retry(lambda: self._execute(make_request(media(False))), upload=True)
+        for _ in range(MAX_SESSION_RESTARTS + 1):
+            request = make_request(media(True))
+            try:
+                return self._chunks(request, self._bind(request))
+            except _SessionLost:
+                logger.info("Drive forgot a resumable upload session: starting the upload again")
+        raise StorageUnavailableError(f"Drive lost {MAX_SESSION_RESTARTS + 1} upload sessions in a row; try again")
+
+    def _chunks(self, request: Any, run: Callable[[Callable[[], Any]], Any]) -> dict[str, Any]:
+        from googleapiclient.errors import HttpError
+
+        def step() -> Any:
+            session = request.resumable_uri
+            try:
+                return run(lambda: request.next_chunk(num_retries=0))[1]
+            except HttpError as exc:
+                if session is not None and exc.resp.status in (404, 410):
+                    raise _SessionLost from exc
+                raise
+
+        while True:
+            done = self._retry(step, upload=True)
+            if done is not None:
+                return done
 
     def _own_file(self, parts: list[str]) -> _Entry | None:
         """The file to update for a path this node writes: the newest of its name in any duplicate of its
@@ -465,12 +639,48 @@ class DriveStorage:
         found.sort(key=lambda e: (e.mtime, e.id), reverse=True)
         for duplicate in found[1:]:
             logger.info("removing a duplicate %s (%s)", "/".join(parts), duplicate.id)
-            self._delete_id(duplicate.id)
+            self._delete_id(duplicate.id, "/".join(parts))
         return found[0] if found else None
 
-    def _delete_id(self, file_id: str) -> None:
-        with contextlib.suppress(FileNotFoundError):  # already gone is what we wanted
+    def _delete_id(self, file_id: str, what: str) -> bool:
+        """Delete for good; if Drive refuses for want of a role, move to the trash; if that is refused too,
+        leave the file and say so once. Never raises for a refusal (pruning and cleanup go on); False when
+        the file is still there."""
+        try:
             self._call(lambda: self.service.files().delete(**_ALL_DRIVES, fileId=file_id))
+            return True
+        except FileNotFoundError:  # already gone is what we wanted
+            return True
+        except DrivePermissionError as refused:
+            why = ", ".join(sorted(refused.reasons)) or "403"
+        try:
+            self._call(
+                lambda: self.service.files().update(**_ALL_DRIVES, fileId=file_id, body={"trashed": True}, fields="id")
+            )
+        except FileNotFoundError:
+            return True
+        except DrivePermissionError:
+            self._count("deletes_refused")
+            self._warn_once(
+                "keep",
+                "Drive refused to delete or trash %s (%s): left in place; deletes (retention, checkpoint pruning) "
+                "need %s to be Manager of the shared drive, or the files' owner in a My Drive (docs/storage.md)",
+                what,
+                why,
+                self.account,
+            )
+            return False
+        self._count("trashed")
+        self._warn_once(
+            "trash",
+            "Drive refused to delete %s (%s): moved it to Drive's trash instead, where it still counts against the "
+            "storage quota for 30 days; give %s the Manager role of the shared drive so that deletes are permanent "
+            "(docs/storage.md)",
+            what,
+            why,
+            self.account,
+        )
+        return True
 
     def append_bytes(self, path: str, data: bytes) -> None:
         with self._lock:
@@ -490,7 +700,7 @@ class DriveStorage:
         for folder_id in self._folder_ids(parts[:-1]):
             q = f"{_quote(folder_id)} in parents and name = {_quote(parts[-1])} and trashed = false"
             for entry in self._list_query(q):
-                self._delete_id(entry.id)
+                self._delete_id(entry.id, path)
             with self._lock:
                 self._own.pop((folder_id, parts[-1]), None)
                 self._listing.get(folder_id, {}).pop(parts[-1], None)
@@ -503,10 +713,9 @@ class DriveStorage:
         ids = self._folder_ids(parts)
         if any(self._list_query(f"{_quote(fid)} in parents and trashed = false") for fid in ids):
             return False
-        for folder_id in ids:
-            self._delete_id(folder_id)
+        gone = [self._delete_id(folder_id, folder) for folder_id in ids]
         self._forget_folder(parts)
-        return True
+        return all(gone)
 
     def move(self, src: str, dst: str) -> None:
         src_parts, dst_parts = self._parts(src), self._parts(dst)
@@ -514,14 +723,12 @@ class DriveStorage:
         if entry is None:
             raise FileNotFoundError(src)
         dst_parent = self._folder(dst_parts[:-1], create=True)
+        # Within one folder only the name changes: the same id in addParents and removeParents is a no-op at
+        # best and refused at worst.
+        parents = {} if dst_parent == entry.parent else {"addParents": dst_parent, "removeParents": entry.parent}
         self._call(
             lambda: self.service.files().update(
-                **_ALL_DRIVES,
-                fileId=entry.id,
-                addParents=dst_parent,
-                removeParents=entry.parent,
-                body={"name": dst_parts[-1]},
-                fields="id",
+                **_ALL_DRIVES, fileId=entry.id, body={"name": dst_parts[-1]}, fields="id", **parents
             )
         )
         with self._lock:
@@ -563,6 +770,22 @@ def parse_drive_url(url: str) -> tuple[str, str]:
     rest = url[len("gdrive://") :]
     folder_id, _, prefix = rest.partition("/")
     return folder_id, prefix.strip("/")
+
+
+def open_drive_storage(
+    location: str,
+    credentials_file: str | None = None,
+    token_file: str | None = None,
+    api_url: str | None = None,
+    **options: Any,
+) -> DriveStorage:
+    """A :class:`DriveStorage` on ``gdrive://<folder-id>/<path>`` whose root is checked first: a wrong or
+    unshared folder id is a DriveError (one line naming GDRIVE_PATH and the fix), before anything runs."""
+    folder_id, prefix = parse_drive_url(location)
+    service = build_service(credentials_file, token_file, api_url)
+    storage = DriveStorage(folder_id, prefix, service=service, location=f"GDRIVE_PATH={location}", **options)
+    storage.check_root()
+    return storage
 
 
 def build_service(

@@ -25,6 +25,7 @@ import os
 from typing import Any
 
 from swarm_gdrive.storage.drive import DriveAuthError, DriveStorage, build_service, parse_drive_url
+from swarm_gdrive.storage.drive_errors import describe_account
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,11 @@ def load_google_auth(settings_file: str) -> Any:
 
 def authorized_http(source: Any) -> Any:
     """An authorized ``httplib2.Http`` from a PyDrive2 ``GoogleAuth``, ``GoogleDrive`` or ``GDriveFileSystem``."""
+    return google_auth_of(source).Get_Http_Object()
+
+
+def google_auth_of(source: Any) -> Any:
+    """The signed-in PyDrive2 ``GoogleAuth`` of a ``GoogleAuth``, ``GoogleDrive`` or ``GDriveFileSystem``."""
     auth = source
     if hasattr(auth, "client"):  # GDriveFileSystem -> its GoogleDrive
         auth = auth.client
@@ -86,14 +92,16 @@ def authorized_http(source: Any) -> Any:
         raise TypeError(f"expected PyDrive2's GoogleAuth, GoogleDrive or GDriveFileSystem, got {type(source)!r}")
     if auth.credentials is None:
         raise DriveAuthError(f"this PyDrive2 GoogleAuth has no credentials yet. {_HOW}")
-    return auth.Get_Http_Object()
+    return auth
 
 
 def open_pydrive2_storage(source: Any, location: str, api_url: str | None = None, **options: Any) -> DriveStorage:
-    """A :class:`DriveStorage` on ``location`` (``pydrive2://<folder-id>/<path>`` or ``<folder-id>/<path>``).
+    """A :class:`DriveStorage` on ``location`` (``pydrive2://<folder-id>/<path>`` or ``<folder-id>/<path>``),
+    its root checked first (a wrong or unshared folder id is one DriveError naming GDRIVE_PATH).
 
     ``source`` is a PyDrive2 ``GoogleAuth``, ``GoogleDrive`` or ``GDriveFileSystem`` that is already
-    signed in, or the path of a PyDrive2 settings file to sign in from.
+    signed in, or the path of a PyDrive2 settings file to sign in from. Every thread gets its own
+    authorized connection from ``GoogleAuth.Get_Http_Object`` (PyDrive2's own thread-safety rule).
     """
     rest = location[len(SCHEME) :] if location.startswith(SCHEME) else location
     folder_id, prefix = parse_drive_url("gdrive://" + rest)
@@ -101,6 +109,12 @@ def open_pydrive2_storage(source: Any, location: str, api_url: str | None = None
         raise DriveAuthError(f"GDRIVE_PATH={location}: expected pydrive2://<folder-id>/<path>")
     if isinstance(source, str | os.PathLike):
         source = load_google_auth(os.fspath(source))
-    service = build_service(api_url=api_url, http=authorized_http(source))
+    auth = google_auth_of(source)
+    service = build_service(api_url=api_url, http=auth.Get_Http_Object())
     logger.info("Drive folder %s through PyDrive2's credentials", folder_id)
-    return DriveStorage(folder_id, prefix, service=service, **options)
+    where = location if location.startswith(SCHEME) else SCHEME + location
+    options.setdefault("location", f"GDRIVE_PATH={where}")
+    options.setdefault("account", describe_account(auth.credentials))
+    storage = DriveStorage(folder_id, prefix, service=service, http_factory=auth.Get_Http_Object, **options)
+    storage.check_root()
+    return storage

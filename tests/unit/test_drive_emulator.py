@@ -500,3 +500,103 @@ def test_call_latency_delays_every_request_without_serialising_them():
             t.join()
         elapsed = time.monotonic() - started
     assert 0.3 <= elapsed < 1.0  # four at once wait together, not 4 x 0.3 s one after another
+
+
+# ------------------------------------------------------------------------------ operational hazards
+
+
+def test_member_roles_decide_who_may_delete_and_trash(emu, files):
+    made = [_upload(files, emu.root_id, f"r{i}", b"x")["id"] for i in range(2)]
+    emu.member_role = "fileOrganizer"  # Content manager: trash yes, delete no
+    with pytest.raises(HttpError) as error:
+        files.delete(fileId=made[0]).execute()
+    assert error.value.resp.status == 403 and _reason(error.value) == "insufficientFilePermissions"
+    files.update(fileId=made[0], body={"trashed": True}).execute()
+    emu.member_role = "writer"  # neither
+    with pytest.raises(HttpError):
+        files.update(fileId=made[1], body={"trashed": True}).execute()
+    emu.member_role = "organizer"
+    files.delete(fileId=made[1]).execute()
+    assert {f["id"]: f["trashed"] for f in emu.files() if f["id"] in made} == {made[0]: True}
+    with pytest.raises(ValueError):
+        emu.member_role = "owner"
+
+
+@pytest.mark.parametrize("cause", ["service_account", "storage_full", "shared_drive_items", "daily_limit"])
+def test_quota_causes_refuse_their_requests_with_drive_s_error(emu, files, cause):
+    from drive_emulator import QUOTA_CAUSES
+
+    status, reason, message, scope = QUOTA_CAUSES[cause]
+    emu.quota_exceeded = cause
+    with pytest.raises(HttpError) as error:
+        _upload(files, emu.root_id, "q.json", b"{}")
+    assert error.value.resp.status == status and _reason(error.value) == reason
+    assert json.loads(error.value.content)["error"]["errors"][0]["message"] == message
+    if scope != "any":
+        assert files.get(fileId=emu.root_id, fields="name").execute() == {"name": "shared"}  # reads still work
+    emu.quota_exceeded = None
+    assert _upload(files, emu.root_id, "q.json", b"{}")["name"] == "q.json"
+
+
+def test_fail_transfer_breaks_a_chunk_or_a_range_midway(emu, files):
+    data = os.urandom(5000)
+    emu.fail_transfer("upload", after=2, count=1)
+    media = MediaInMemoryUpload(data, mimetype=OCTET, resumable=True, chunksize=1024)
+    request = files.create(body={"name": "big", "parents": [emu.root_id]}, media_body=media, fields="id")
+    request.next_chunk()
+    request.next_chunk()
+    with pytest.raises(HttpError):
+        request.next_chunk()  # the third chunk
+    response = None
+    while response is None:
+        _, response = request.next_chunk()
+    assert emu.content(response["id"]) == data and emu.transfer_bytes["upload"] == len(data)
+    emu.fail_transfer("download", after=1, count=1)
+    out = io.BytesIO()
+    download = MediaIoBaseDownload(out, files.get_media(fileId=response["id"]), chunksize=2048)
+    download.next_chunk()
+    with pytest.raises(HttpError):
+        download.next_chunk()
+    done = False
+    while not done:
+        _, done = download.next_chunk()
+    assert out.getvalue() == data and emu.transfer_bytes["download"] == len(data)
+
+
+def test_token_endpoint_faults(emu):
+    import httplib2
+
+    http = httplib2.Http(timeout=5)
+    body = "grant_type=refresh_token&refresh_token=r"
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    emu.fail_token_next(1, 503)
+    emu.fail_token_next(1, 400, "invalid_grant")
+    answers = [http.request(emu.token_uri, "POST", body=body, headers=headers) for _ in range(3)]
+    assert [(r.status, json.loads(c).get("error")) for r, c in answers] == [
+        (503, "server_error"),
+        (400, "invalid_grant"),
+        (200, None),
+    ]
+    emu.drop_token_next(2)  # httplib2 resends one drop; the second reaches the caller
+    with pytest.raises(http_client_errors()):
+        http.request(emu.token_uri, "POST", body=body, headers=headers)
+    assert emu.token_grants == ["refresh_token"]
+
+
+def http_client_errors() -> tuple[type[BaseException], ...]:
+    import httplib2
+
+    return (http.client.HTTPException, httplib2.HttpLib2Error, ConnectionError)
+
+
+def test_transfer_rate_slows_big_requests_only():
+    with DriveEmulator() as emu:
+        files = emu.service().files()
+        emu.transfer_bytes_per_s = 1_000_000
+        started = time.monotonic()
+        _upload(files, emu.root_id, "small", b"x")
+        small = time.monotonic() - started
+        started = time.monotonic()
+        _upload(files, emu.root_id, "big", b"x" * 500_000)
+        big = time.monotonic() - started
+    assert small < 0.2 and big >= 0.5

@@ -203,3 +203,19 @@ def test_removing_a_folder_forgets_only_what_was_under_it(emu):
     assert [f.name for f in storage.list("rollouts/round_0")] == []  # the parent's listing was refreshed
     storage.write_bytes("rollouts/round_0/stage_0/n.json", b"[]")  # the folder is made again, not a stale id
     assert storage.read_bytes("rollouts/round_0/stage_0/n.json") == b"[]"
+
+
+def test_each_thread_has_its_own_connection_and_an_unknown_transport_shares_one_under_a_lock(emu):
+    import threading
+
+    storage = storage_for(emu)
+    storage.write_bytes("t/a.json", b"1")
+    mine = storage._http()
+    assert mine is storage._http() and mine is not storage.service._http  # reused here, not the client's own
+    other: list[object] = []
+    thread = threading.Thread(target=lambda: (storage.write_bytes("t/b.json", b"2"), other.append(storage._http())))
+    thread.start()
+    thread.join()
+    assert other and other[0] is not mine and other[0].credentials is mine.credentials
+    shared = DriveStorage(emu.root_id, "swarm", service=emu.service(), http_factory=lambda: None)
+    assert shared._http() is None and shared.read_bytes("t/b.json") == b"2"  # through the client's connection
