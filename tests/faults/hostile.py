@@ -96,6 +96,7 @@ def plant(
     fifo: bool = False,
     directory: bool = False,
 ) -> str:
+    """Put ``data`` (or a sparse file, a link, a FIFO, a folder) at ``rel``; returns ``rel``."""
     target = folder / rel
     target.parent.mkdir(parents=True, exist_ok=True)
     if directory:
@@ -107,8 +108,10 @@ def plant(
         os.symlink(link, target)
     elif fifo:
         os.mkfifo(target)
-    else:
-        target.write_bytes(data or b"")
+    else:  # whole or not at all, as a node writes: a running reader must see the planted bytes, not half of them
+        hidden = target.with_name(f".{target.name}.plant.tmp")
+        hidden.write_bytes(data or b"")
+        os.replace(hidden, target)
     return rel
 
 
