@@ -461,8 +461,8 @@ def _unreadable_findings(snapshot: Snapshot) -> list[Finding]:
             "warning",
             "unreadable",
             f"{len(problems)} file(s) or line(s) could not be read and were left out: {shown}{more}: a node that "
-            "crashed mid-write leaves at most a partial last line; anything else was written by something other "
-            "than a node of this version (check who else writes to the folder)",
+            "crashed mid-append leaves at most a partial last line, a reset a few files of the old run; anything "
+            "else was written by something other than this run's nodes: find out who else writes to the folder",
         )
     ]
 
