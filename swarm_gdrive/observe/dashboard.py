@@ -165,8 +165,13 @@ class Dashboard:
             self.last_findings, self.last_figures = [], {}
         else:
             selected = list(self.nodes.value)
-            self.last_findings = findings(snapshot)
-            self.last_figures = plots.all_figures(snapshot, selected or None)
+            try:
+                self.last_findings = findings(snapshot)
+                self.last_figures = plots.all_figures(snapshot, selected or None)
+            except Exception as exc:  # noqa: BLE001 - whatever the folder holds, the dashboard stays up and says why
+                logger.exception("dashboard: drawing %s failed", snapshot.experiment)
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                self.last_findings, self.last_figures = [], {}
         self._render()
         return self.last_figures
 

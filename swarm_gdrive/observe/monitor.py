@@ -3,7 +3,8 @@
 
 The monitor never writes to the shared folder: it lists and reads through
 :class:`~swarm_gdrive.protocol.exchange.Exchange` (capped, validated, cross-checked) and the log files
-through :func:`~swarm_gdrive.protocol.records.decode_lines`.
+through :mod:`swarm_gdrive.observe.logs`. Whatever it cannot read (a hostile or broken file, a folder
+where a file belongs) is a problem of the snapshot, reported by the ``unreadable`` finding, never a crash.
 """
 
 from __future__ import annotations
@@ -17,18 +18,26 @@ from typing import Literal
 
 import pandas as pd
 
-from swarm_gdrive.names import validate_name
-from swarm_gdrive.protocol.exchange import Exchange
+from swarm_gdrive.observe.logs import EVENT_COLUMNS, LOG_FILES, MAX_LOG_BYTES, METRIC_COLUMNS, load_logs, printable
+from swarm_gdrive.protocol.exchange import NOT_A_FOLDER, Exchange, RunChangedError
 from swarm_gdrive.protocol.layout import Layout, parse_round_dir, parse_stage_dir
-from swarm_gdrive.protocol.records import EventRecord, MetricRecord, decode_lines
 from swarm_gdrive.storage import Storage
+from swarm_gdrive.storage.base import StorageUnavailableError
+
+__all__ = ["EVENT_COLUMNS", "LOG_FILES", "MAX_LOG_BYTES", "METRIC_COLUMNS"]  # re-exported: their home is logs
 
 #: Seconds without a heartbeat after which the monitor calls a node not alive (LIVENESS_TIMEOUT's default).
 LIVENESS = 120.0
-#: Read cap for one JSONL log file.
-MAX_LOG_BYTES = 64 * 1024 * 1024
 #: The monitor's node id in its Exchange; it never publishes anything under it.
 MONITOR_ID = "monitor"
+#: Problems quoted by the ``unreadable`` finding (it counts them all).
+PROBLEMS_SHOWN = 5
+#: The folders of an experiment (GDRIVE_IMPLEMENTATION.md §2).
+TOP_FOLDERS = ("state", "peers", "rewards", "rollouts", "evals", "logs", "checkpoints")
+#: Rounds listed in a finding (the rest are counted).
+ROUNDS_SHOWN = 20
+#: Rounds x stages the missing-reward finding walks at most per worker.
+MAX_CELLS_CHECKED = 1_000_000
 
 STATE_COLUMNS = [
     "experiment",
@@ -56,9 +65,6 @@ EXTERNAL_ROUNDS_SHOWN = 10
 #: Rollouts above this total are flagged: Drive's free 15 GB fills up; ROLLOUT_CLEANUP_ENABLED keeps it flat.
 STORAGE_WARNING_BYTES = 1 << 30
 EVAL_COLUMNS = ["node", "round", "task", "level", "n", "pass1", "mean_score", "k", "pass_k"]
-EVENT_COLUMNS = ["node", "ts", "round", "event", "level", "message"]
-METRIC_COLUMNS = ["node", "ts", "round"]
-LOG_FILES = ("metrics.jsonl", "training_events.jsonl")
 
 
 @dataclass
@@ -78,7 +84,8 @@ class Snapshot:
     config: dict = field(default_factory=dict)
     #: node -> the log file names present under logs/{node}/.
     log_files: dict[str, set[str]] = field(default_factory=dict)
-    #: Unreadable log lines, as ``path: line N: reason``.
+    #: What could not be read: rejected files (``path: reason``), log lines (``path: line N: reason``), metric
+    #: keys beyond the caps.
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -109,11 +116,21 @@ def load(storage: Storage, experiment: str, now: float | None = None, liveness_t
     """
     now = time.time() if now is None else now
     layout = Layout(experiment)
-    exchange = Exchange(storage, layout, MONITOR_ID)
-    state = exchange.read_state()  # no run id yet: never raises RunChangedError
-    if state is not None:
-        exchange.run_id = state.run_id  # from here on, files of another run are rejected
+    problems: list[str] = []
+    exchange = Exchange(
+        storage, layout, MONITOR_ID, on_reject=lambda path, reason: problems.append(f"{path}: {reason}")
+    )
+    problems += _layout_problems(exchange)
     experiment_record = exchange.read_experiment()
+    if experiment_record is not None:
+        exchange.run_id = experiment_record.run_id  # from here on, files of another run are rejected
+    try:
+        state = exchange.read_state()
+    except RunChangedError as exc:  # a reset on its way, or a forged state
+        problems.append(f"{layout.state_file}: {exc}, not experiment.json's")
+        state = None
+    if state is not None and exchange.run_id is None:
+        exchange.run_id = state.run_id
     state_df = pd.DataFrame([state.model_dump(include=set(STATE_COLUMNS))] if state else [], columns=STATE_COLUMNS)
     peers = pd.DataFrame(
         [
@@ -132,33 +149,41 @@ def load(storage: Storage, experiment: str, now: float | None = None, liveness_t
         ],
         columns=PEER_COLUMNS,
     )
-    snapshot = Snapshot(
+    rewards = _sorted(pd.DataFrame(reward_rows(exchange), columns=REWARD_COLUMNS), ["node", "round", "stage"])
+    rollouts = _sorted(pd.DataFrame(_rollout_rows(exchange), columns=ROLLOUT_COLUMNS), ROLLOUT_COLUMNS)
+    evals = pd.DataFrame(eval_rows(exchange), columns=EVAL_COLUMNS)
+    events, metrics, log_files = load_logs(exchange, problems)
+    return Snapshot(
         experiment=experiment,
         now=now,
         state=state_df,
         peers=peers,
-        rewards=_sorted(pd.DataFrame(reward_rows(exchange), columns=REWARD_COLUMNS), ["node", "round", "stage"]),
-        rollouts_per_round=_sorted(pd.DataFrame(_rollout_rows(exchange), columns=ROLLOUT_COLUMNS), ROLLOUT_COLUMNS),
-        evals=pd.DataFrame(eval_rows(exchange), columns=EVAL_COLUMNS),
-        events=pd.DataFrame(columns=EVENT_COLUMNS),
-        metrics=pd.DataFrame(columns=METRIC_COLUMNS),
+        rewards=rewards,
+        rollouts_per_round=rollouts,
+        evals=evals,
+        events=events,
+        metrics=metrics,
         config=dict(experiment_record.config) if experiment_record else {},
+        log_files={node: present & set(LOG_FILES) for node, present in log_files.items()},
+        problems=problems,
     )
-    _load_logs(storage, layout, snapshot)
-    return snapshot
+
+
+def _layout_problems(exchange: Exchange) -> list[str]:
+    """The experiment's top folders that are not folders (a file in their place hides everything under them)."""
+    root = exchange.layout.root
+    return [
+        f"{root}/{info.name}: {NOT_A_FOLDER}"
+        for info in exchange.entries(root)
+        if info.name in TOP_FOLDERS and not info.is_dir
+    ]
 
 
 def reward_rows(exchange: Exchange) -> list[dict]:
     """One row per valid reward file: node, round, stage, reward, local and external groups, J asked."""
     layout, rows = exchange.layout, []
-    for round_info in exchange.storage.list(layout.rewards_dir):
-        round_ = parse_round_dir(round_info.name)
-        if round_ is None:
-            continue
-        for stage_info in exchange.storage.list(f"{layout.rewards_dir}/{round_info.name}"):
-            stage = parse_stage_dir(stage_info.name)
-            if stage is None:
-                continue
+    for round_info, round_ in exchange.numbered_folders(layout.rewards_dir, parse_round_dir):
+        for _, stage in exchange.numbered_folders(f"{layout.rewards_dir}/{round_info.name}", parse_stage_dir):
             for node, rec in exchange.read_rewards(round_, stage).items():
                 rows.append(
                     {
@@ -199,16 +224,10 @@ def _sorted(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 def _rollout_rows(exchange: Exchange) -> list[dict]:
     layout, rows = exchange.layout, []
-    for round_info in exchange.storage.list(layout.rollouts_dir):
-        round_ = parse_round_dir(round_info.name)
-        if round_ is None or not round_info.is_dir:
-            continue
-        for stage_info in exchange.storage.list(layout.rollouts_round_dir(round_)):
-            stage = parse_stage_dir(stage_info.name)
-            if stage is None or not stage_info.is_dir:
-                continue
+    for _, round_ in exchange.numbered_folders(layout.rollouts_dir, parse_round_dir):
+        for _, stage in exchange.numbered_folders(layout.rollouts_round_dir(round_), parse_stage_dir):
             folder = layout.rollouts_stage_dir(round_, stage)
-            sizes = {info.name: info.size for info in exchange.storage.list(folder)}
+            sizes = {info.name: info.size for info in exchange.entries(folder)}
             for node, batch in exchange.read_rollouts(round_, stage, exclude_self=False).items():
                 rows.append(
                     {
@@ -220,51 +239,6 @@ def _rollout_rows(exchange: Exchange) -> list[dict]:
                     }
                 )
     return rows
-
-
-def _load_logs(storage: Storage, layout: Layout, snapshot: Snapshot) -> None:
-    events: list[dict] = []
-    metrics: list[dict] = []
-    for info in storage.list(f"{layout.root}/logs"):
-        if not info.is_dir:
-            continue
-        try:
-            node = validate_name(info.name)
-        except ValueError:
-            continue
-        present = {f.name for f in storage.list(layout.logs_dir(node)) if not f.is_dir}
-        snapshot.log_files[node] = present & set(LOG_FILES)
-        for rec in _read_lines(storage, layout.events_file(node), EventRecord, present, snapshot.problems):
-            events.append(
-                {
-                    "node": node,
-                    "ts": rec.ts,
-                    "round": rec.round,
-                    "event": rec.event,
-                    "level": rec.level,
-                    "message": rec.message,
-                }
-            )
-        for rec in _read_lines(storage, layout.metrics_file(node), MetricRecord, present, snapshot.problems):
-            metrics.append({"node": node, "ts": rec.ts, "round": rec.round, **rec.values})
-    snapshot.events = _sorted(pd.DataFrame(events, columns=EVENT_COLUMNS), ["ts"])
-    if metrics:
-        snapshot.metrics = pd.DataFrame(metrics).sort_values("ts").reset_index(drop=True)
-
-
-def _read_lines(storage: Storage, path: str, model, present: set[str], problems: list[str]) -> list:
-    if path.rsplit("/", 1)[-1] not in present:
-        return []
-    try:
-        data = storage.read_bytes(path, MAX_LOG_BYTES)
-    except OSError as exc:  # absent, too large, unreadable
-        problems.append(f"{path}: {exc}")
-        return []
-    records, bad = decode_lines(data, model)
-    problems.extend(f"{path}: {reason}" for reason in bad)
-    # A line whose node_id is not the folder's is another node's claim: not trusted.
-    node = path.rsplit("/", 2)[-2]
-    return [r for r in records if r.node_id == node]
 
 
 # -- findings --------------------------------------------------------------------------------
@@ -279,6 +253,7 @@ def findings(snapshot: Snapshot, liveness_timeout: float = LIVENESS) -> list[Fin
     out += _advance_findings(snapshot, liveness_timeout)
     out += _storage_findings(snapshot)
     out += _external_findings(snapshot)
+    out += _unreadable_findings(snapshot)
     events = snapshot.events
     if not events.empty:
         errors = events[events["level"] == "error"]
@@ -397,7 +372,7 @@ def _external_findings(snapshot: Snapshot) -> list[Finding]:
     message = (
         f"SAPO got fewer external groups than asked in {len(short)} of {len(table)} worker-rounds "
         f"({share:.0%}; {int(table['got'].sum())} of {int(table['asked'].sum())} groups received; "
-        f"round(s) {_ranges(rounds[:20])}{' ...' if len(rounds) > 20 else ''}; short rounds by worker: {worst}"
+        f"round(s) {_ranges(rounds)}; short rounds by worker: {worst}"
         f"{' ...' if len(per_node) > 8 else ''})"
     )
     events = snapshot.events
@@ -425,12 +400,15 @@ def _missing_reward_findings(snapshot: Snapshot) -> list[Finding]:
         return []
     state = snapshot.state_record
     stages = int(state["num_stages"]) if state is not None else 1
-    current = _closed_rounds(snapshot)
+    current = min(_closed_rounds(snapshot), int(rewards["round"].max()) + 1)
+    rewarded = {int(r) for r in rewards["round"]}
     out: list[Finding] = []
     for node, rows in rewards.groupby("node"):
         have = set(zip(rows["round"], rows["stage"], strict=True))
         first = int(rows["round"].min())  # a late joiner is not expected before its first round
-        missing = sorted({r for r in range(first, current) for s in range(stages) if (r, s) not in have})
+        # Every round since the first; with a far-off (forged) round in the folder, the rounds anyone was rewarded in.
+        rounds = range(first, current) if (current - first) * stages <= MAX_CELLS_CHECKED else sorted(rewarded)
+        missing = sorted({r for r in rounds if first <= r < current for s in range(stages) if (r, s) not in have})
         if missing:
             out.append(
                 Finding("warning", "missing_reward", f"worker {node}: no reward for round(s) {_ranges(missing)}")
@@ -446,7 +424,7 @@ def _missing_rollout_findings(snapshot: Snapshot) -> list[Finding]:
     rounds, at its own pace, and on a mount that syncs late its removals arrive at different times, so a
     round may hold some workers' files and not others'; that is not a fault. A gap is.
     """
-    if int(snapshot.config.get("num_transplant_trees") or 0) <= 0 or snapshot.rewards.empty:
+    if _config_int(snapshot, "num_transplant_trees") <= 0 or snapshot.rewards.empty:
         return []
     rollouts = snapshot.rollouts_per_round
     present_rounds = set(rollouts["round"]) if not rollouts.empty else set()
@@ -467,7 +445,32 @@ def _missing_rollout_findings(snapshot: Snapshot) -> list[Finding]:
 
 
 def _ranges(values: list[int]) -> str:
-    return ", ".join(str(v) for v in values)
+    shown = ", ".join(str(v) for v in values[:ROUNDS_SHOWN])
+    return shown + (f" ... ({len(values)} in all)" if len(values) > ROUNDS_SHOWN else "")
+
+
+def _unreadable_findings(snapshot: Snapshot) -> list[Finding]:
+    """What the monitor could not read (rejected files, bad log lines, metric keys over the caps)."""
+    problems = snapshot.problems
+    if not problems:
+        return []
+    shown = "; ".join(printable(p) for p in problems[:PROBLEMS_SHOWN])
+    more = f"; ... ({len(problems) - PROBLEMS_SHOWN} more)" if len(problems) > PROBLEMS_SHOWN else ""
+    return [
+        Finding(
+            "warning",
+            "unreadable",
+            f"{len(problems)} file(s) or line(s) could not be read and were left out: {shown}{more}: a node that "
+            "crashed mid-append leaves at most a partial last line, a reset a few files of the old run; anything "
+            "else was written by something other than this run's nodes: find out who else writes to the folder",
+        )
+    ]
+
+
+def _config_int(snapshot: Snapshot, key: str) -> int:
+    """An integer setting of experiment.json's config, 0 when absent or not an integer."""
+    value = snapshot.config.get(key)
+    return value if type(value) is int else 0
 
 
 # -- the TEST_MODE validator -----------------------------------------------------------------
@@ -589,15 +592,11 @@ def _external_table(snapshot: Snapshot) -> str:
 
 def summary_table(storage: Storage, experiment: str) -> str:
     """Reward per worker per round, with external groups used, from the experiment's reward files."""
-    layout = Layout(experiment)
-    exchange = Exchange(storage, layout, "summary")
-    state = exchange.read_state()
-    rounds = range(state.round if state else 0)
+    exchange = Exchange(storage, Layout(experiment), "summary")
     rows: dict[str, dict[int, str]] = {}
-    for round_ in rounds:
-        for stage in range(state.num_stages if state else 1):
-            for node, rec in exchange.read_rewards(round_, stage).items():
-                rows.setdefault(node, {})[round_] = f"{rec.reward:.3f} ({rec.num_external_groups} ext)"
+    for row in reward_rows(exchange):
+        rows.setdefault(row["node"], {})[row["round"]] = f"{row['reward']:.3f} ({row['external_groups']} ext)"
+    rounds = sorted({r for cells in rows.values() for r in cells})
     header = ["node"] + [f"round {r}" for r in rounds]
     lines = [header] + [[node] + [cells.get(r, "-") for r in rounds] for node, cells in sorted(rows.items())]
     widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
@@ -630,7 +629,13 @@ def reader_config(args: argparse.Namespace):
 
 def list_experiments(storage: Storage) -> list[str]:
     """Names of the experiment folders under ``experiments/``, sorted."""
-    return sorted(info.name for info in storage.list("experiments") if info.is_dir)
+    try:
+        listing = storage.list("experiments")
+    except StorageUnavailableError:
+        raise
+    except OSError:  # refused (a link, a file where the folder belongs): no experiment there to read
+        return []
+    return sorted(info.name for info in listing if info.is_dir)
 
 
 def unknown_experiments_message(storage: Storage, names: list[str], where: str) -> str | None:

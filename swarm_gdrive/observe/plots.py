@@ -24,6 +24,8 @@ NO_DATA = "no data yet"
 FIGSIZE = (8.0, 4.5)
 #: Rounds in the rolling mean of the reward figure.
 ROLLING = 5
+#: Task panels of the held-out figure at most (the most evaluated tasks; reasoning-gym mixes use about ten).
+EVAL_TASKS_SHOWN = 12
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -77,7 +79,12 @@ def _metric(snapshot: Snapshot, key: str) -> pd.DataFrame:
     metrics = snapshot.metrics
     if metrics.empty or key not in metrics.columns:
         return pd.DataFrame(columns=["node", "round", key])
-    rows = metrics.loc[metrics[key].notna() & metrics["round"].notna(), ["node", "round", key]]
+    column = metrics[key]
+    if isinstance(column.dtype, pd.SparseDtype):  # a rarely filled column of a large table (observe.logs)
+        column = column.sparse.to_dense()
+    keep = (column.notna() & metrics["round"].notna()).to_numpy()
+    rows = pd.DataFrame({"node": metrics["node"].to_numpy()[keep], "round": metrics["round"].to_numpy()[keep]})
+    rows[key] = column.to_numpy()[keep]
     return rows.astype({"round": int})
 
 
@@ -236,7 +243,8 @@ def eval_pass1(snapshot: Snapshot) -> Figure:
     if evals.empty:
         return _no_data(title, "(no evaluations)")
     colors = node_colors(snapshot)
-    tasks = sorted(evals["task"].unique())
+    counts = evals["task"].value_counts()
+    tasks = sorted(counts.index[:EVAL_TASKS_SHOWN])  # the most evaluated: a figure stays a readable width
     fig = Figure(figsize=(max(6.0, 4.5 * len(tasks)), 4.5))
     axes = fig.subplots(1, len(tasks), squeeze=False)[0]
     for ax, task in zip(axes, tasks, strict=True):

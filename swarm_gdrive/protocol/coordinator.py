@@ -21,7 +21,7 @@ from swarm_gdrive import logctx
 from swarm_gdrive.config import Config
 from swarm_gdrive.protocol.exchange import Exchange, RunChangedError
 from swarm_gdrive.protocol.heartbeat import Heartbeat
-from swarm_gdrive.protocol.layout import Layout, parse_round_dir, parse_stage_dir
+from swarm_gdrive.protocol.layout import Layout, parse_round_dir
 from swarm_gdrive.protocol.metrics import NodeLog
 from swarm_gdrive.protocol.polling import Backoff, Stopped, wait_for
 from swarm_gdrive.protocol.records import ExperimentRecord, StateRecord
@@ -163,9 +163,12 @@ class Coordinator:
         """Create the experiment, or resume it; refuse one with another configuration."""
         self._remove_own_temporaries()
         existing = self.exchange.read_experiment()
-        state_exists = bool(self.exchange.storage.list(self.layout.state_dir))
+        state_exists = bool(self.exchange.entries(self.layout.state_dir))
         if existing is None and state_exists:
-            self._reset_or_refuse("its experiment.json is missing or invalid")
+            why = self.exchange.rejection(self.layout.experiment_file)
+            self._reset_or_refuse(
+                f"its experiment.json is invalid ({why})" if why else "its experiment.json is missing"
+            )
             return self._create()
         if existing is not None and existing.fingerprint != self.config.fingerprint():
             changed = [
@@ -184,7 +187,7 @@ class Coordinator:
             self._reset_or_refuse("its state belongs to another run than its experiment.json")
             return self._create()
         if state is None:
-            state = self._initial_state(existing.run_id)
+            state = self._recover_state(existing.run_id)
         elif state.status == "finished" and state.round < self.config.max_rounds:
             logger.info("extending finished experiment from %d to %d rounds", state.round, self.config.max_rounds)
             state = state.model_copy(update={"status": "running", "round": state.round})
@@ -251,6 +254,41 @@ class Coordinator:
         self.log.event("experiment_created", f"run {run_id}", round_=0, fingerprint=self.config.fingerprint())
         return state
 
+    def _recover_state(self, run_id: str) -> StateRecord:
+        """The state to resume from when the state file is absent or unreadable (a hostile or broken file).
+
+        Without rewards, round 0 waits for workers as on a first start. Otherwise the round after the last one
+        with a valid reward, below MAX_ROUNDS, opens (finished past the last round): a worker still in that
+        round finishes and submits it, and nobody waits for a round that has already been played.
+        """
+        state = self._initial_state(run_id)
+        last = self._last_rewarded_round(state.num_stages)
+        if last is None:
+            return state
+        round_ = last + 1
+        status = "finished" if round_ >= self.config.max_rounds else "running"
+        why = self.exchange.rejection(self.layout.state_file) or "missing"
+        self.log.event(
+            "state_recovered",
+            f"{self.layout.state_file} is {why}: resuming at round {round_} ({status}), after round {last}, the last "
+            "with rewards",
+            level="warning",
+            round_=round_,
+            status=status,
+        )
+        return state.model_copy(update={"round": round_, "status": status, "advance_reason": "resume"})
+
+    def _last_rewarded_round(self, stages: int) -> int | None:
+        """The newest round below MAX_ROUNDS with a valid reward of this run, from the rewards folders."""
+        exchange = self.exchange
+        rounds = sorted(
+            (r for _, r in exchange.numbered_folders(self.layout.rewards_dir, parse_round_dir)), reverse=True
+        )
+        for round_ in rounds:
+            if round_ < self.config.max_rounds and any(exchange.read_rewards(round_, s) for s in range(stages)):
+                return round_
+        return None
+
     def _initial_state(self, run_id: str) -> StateRecord:
         now = time.time()
         return StateRecord(
@@ -286,8 +324,7 @@ class Coordinator:
         reward file cannot close a round."""
         if state.status != "running":
             return frozenset()
-        rewards = self.exchange.read_rewards(state.round, state.num_stages - 1)
-        return frozenset(n for n in rewards if n in self.workers_seen)
+        return frozenset(self.exchange.read_rewards(state.round, state.num_stages - 1, only=self.workers_seen))
 
     def run(self) -> int:
         """Serve rounds until finished (0) or stopped (0)."""
@@ -462,7 +499,7 @@ class Coordinator:
         how many never came (``swarm/never_submitted``).
         """
         for round_, watch in sorted(self.late.items()):
-            arrived = watch.missing & set(self.exchange.read_rewards(round_, watch.stage))
+            arrived = set(self.exchange.read_rewards(round_, watch.stage, only=watch.missing))
             for node in sorted(arrived):
                 self.log.event(
                     "late_submission",
@@ -506,14 +543,8 @@ class Coordinator:
         self.watch_late(self.clock(), 0.0)  # a last look; what has not come by now closes every watch
 
     def prune_empty_round_dirs(self, before_round: int) -> None:
-        """Remove rollout folders of rounds older than ``before_round`` once workers emptied them."""
-        storage = self.exchange.storage
-        for round_info in storage.list(self.layout.rollouts_dir):
-            round_ = parse_round_dir(round_info.name)
-            if round_ is None or round_ >= before_round:
-                continue
-            for stage_info in storage.list(self.layout.rollouts_round_dir(round_)):
-                stage = parse_stage_dir(stage_info.name)
-                if stage is not None:
-                    storage.remove_empty_dir(self.layout.rollouts_stage_dir(round_, stage))
-            storage.remove_empty_dir(self.layout.rollouts_round_dir(round_))
+        """Remove rollout folders of rounds older than ``before_round`` once workers emptied them (best effort:
+        a file planted where a folder belongs is logged and left, never a crash)."""
+        removed = self.exchange.remove_empty_rollout_dirs(before_round)
+        if removed:
+            logger.info("removed %d emptied rollout folders of rounds before %d", removed, before_round)

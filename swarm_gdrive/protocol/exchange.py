@@ -3,14 +3,17 @@
 Everything read is size-capped and validated (:mod:`swarm_gdrive.protocol.records`) and
 cross-checked against its path (the node id in a file name must be the node id inside,
 the run id must be this experiment's). A rejected file is logged once with its reason
-and skipped; it is never trusted.
+and skipped; it is never trusted. The same holds for what is not a file at all: a folder
+where a file belongs, a file (or FIFO, device, link) where a folder belongs, a path the
+store refuses; only an outage of the store itself (``StorageUnavailableError``) is raised,
+for the caller's bounded wait to ride out.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass, field
 
 from swarm_gdrive.protocol.layout import Layout, node_id_from_filename, parse_round_dir, parse_stage_dir
 from swarm_gdrive.protocol.records import (
@@ -27,11 +30,47 @@ from swarm_gdrive.protocol.records import (
     encode,
 )
 from swarm_gdrive.storage import FileInfo, FileTooLargeError, Storage
-from swarm_gdrive.storage.base import NotRegularFileError, is_temp_of
+from swarm_gdrive.storage.base import NotRegularFileError, StorageUnavailableError, is_temp_of
 
 logger = logging.getLogger(__name__)
 
 RejectHook = Callable[[str, str], None]
+
+#: Reasons for names a listing shows in the wrong shape.
+A_FOLDER = "a folder, not a regular file"
+NOT_A_FOLDER = "not a folder (a file, FIFO, device or link where a folder belongs)"
+#: Why :meth:`Exchange.read_rollouts` left a listed batch unread (its ``skipped`` argument).
+NOT_ASKED = "not asked for"
+OVER_BUDGET = "over the read budget"
+
+
+def os_reason(exc: OSError) -> str:
+    """A one-line reason for an error of the store that is not an outage: what the path is, not a traceback."""
+    if isinstance(exc, NotADirectoryError):
+        return "a file where a folder of its path belongs"
+    if isinstance(exc, IsADirectoryError):
+        return A_FOLDER
+    if isinstance(exc, NotRegularFileError):
+        return f"{exc.what}, not a regular file"
+    if isinstance(exc, FileTooLargeError):
+        return f"{exc.size} bytes exceeds the {exc.cap}-byte cap"
+    return f"unreadable ({type(exc).__name__}: {exc.strerror or exc})"
+
+
+@dataclass
+class ReadBudget:
+    """What a reader may still read: ``files`` distinct files, ``bytes`` bytes (a re-read counts again)."""
+
+    files: int
+    bytes: int
+    paths: set[str] = field(default_factory=set)
+
+    def allows(self, path: str, size: int) -> bool:
+        return (path in self.paths or len(self.paths) < self.files) and size <= self.bytes
+
+    def spend(self, path: str, size: int) -> None:
+        self.paths.add(path)
+        self.bytes -= size
 
 
 class RunChangedError(RuntimeError):
@@ -67,6 +106,7 @@ class Exchange:
         self._cached_rollouts: dict[int, set[str]] = {}  # round -> rollout paths in _cache (batches are large)
         self._rejected: dict[str, str] = {}
         self._cleaned_below = 0  # rounds below this hold none of this node's rollouts any more
+        self._registered: set[str] = set()  # workers of this run with a valid peer file, as seen so far
         self.stats = {"reads": 0, "writes": 0, "lists": 0, "deletes": 0, "bytes_read": 0, "bytes_written": 0}
 
     # -- generic ---------------------------------------------------------------------------
@@ -79,6 +119,10 @@ class Exchange:
         if self._on_reject is not None:
             self._on_reject(path, reason)
 
+    def rejection(self, path: str) -> str | None:
+        """Why ``path`` was last rejected, if it was."""
+        return self._rejected.get(path)
+
     def _write(self, path: str, record: object) -> None:
         data = encode(record)  # type: ignore[arg-type]
         self.storage.write_bytes(path, data)
@@ -86,8 +130,44 @@ class Exchange:
         self.stats["bytes_written"] += len(data)
 
     def _list(self, folder: str) -> list[FileInfo]:
+        """The folder's entries; none (and a logged reason) when the store refuses to list it."""
         self.stats["lists"] += 1
-        return self.storage.list(folder)
+        try:
+            return self.storage.list(folder)
+        except StorageUnavailableError:
+            raise
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as exc:
+            self._reject(folder, os_reason(exc))
+            return []
+
+    def entries(self, folder: str) -> list[FileInfo]:
+        """The folder's entries; none (and a logged reason) when the store refuses to list it."""
+        return self._list(folder)
+
+    def _files(self, folder: str) -> Iterator[tuple[FileInfo, str]]:
+        """``(entry, node id)`` of each ``{node id}.json`` of ``folder``; such a name that is a folder is rejected."""
+        for info in self._list(folder):
+            node_id = node_id_from_filename(info.name)
+            if node_id is None:
+                continue
+            if info.is_dir:
+                self._reject(f"{folder}/{info.name}", A_FOLDER)
+                continue
+            yield info, node_id
+
+    def numbered_folders(self, folder: str, parse: Callable[[str], int | None]) -> Iterator[tuple[FileInfo, int]]:
+        """``(entry, number)`` of each ``round_N`` (or ``stage_N``) folder; such a name that is not a folder is
+        rejected."""
+        for info in self._list(folder):
+            number = parse(info.name)
+            if number is None:
+                continue
+            if not info.is_dir:
+                self._reject(f"{folder}/{info.name}", NOT_A_FOLDER)
+                continue
+            yield info, number
 
     def _read(self, path: str, model: type[R], check_run: bool = True) -> R | None:
         """Read and validate one file; None (and a logged reason) if absent or invalid."""
@@ -96,11 +176,13 @@ class Exchange:
             data = self.storage.read_bytes(path, MAX_BYTES[kind])
         except FileNotFoundError:
             return None
+        except StorageUnavailableError:
+            raise
         except FileTooLargeError as exc:
             self._reject(path, f"{exc.size} bytes exceeds the {exc.cap}-byte cap for a {kind} file")
             return None
-        except NotRegularFileError as exc:
-            self._reject(path, f"{exc.what}, not a regular file")
+        except OSError as exc:  # a folder, FIFO or device in its place, a file in its path, a refused link
+            self._reject(path, os_reason(exc))
             return None
         self.stats["reads"] += 1
         self.stats["bytes_read"] += len(data)
@@ -115,15 +197,21 @@ class Exchange:
             return None
         return record
 
+    def _cached(self, path: str, info: FileInfo) -> tuple[bool, object | None]:
+        """(True, record) when ``path`` was read before with the same (size, mtime); (False, None) otherwise."""
+        cached = self._cache.get(path)
+        if cached is not None and cached[0] == (info.size, info.mtime):
+            return True, cached[1]
+        return False, None
+
     def _read_cached(self, folder: str, info: FileInfo, model: type[R]) -> R | None:
         """Read a listed file unless the same (size, mtime) was read before."""
         path = f"{folder}/{info.name}"
-        key = (info.size, info.mtime)
-        cached = self._cache.get(path)
-        if cached is not None and cached[0] == key:
-            return cached[1]  # type: ignore[return-value]
+        hit, record = self._cached(path, info)
+        if hit:
+            return record  # type: ignore[return-value]
         record = self._read(path, model)
-        self._cache[path] = (key, record)
+        self._cache[path] = ((info.size, info.mtime), record)
         return record
 
     def _cross_check(self, path: str, record: object, check_run: bool = True) -> str | None:
@@ -174,25 +262,35 @@ class Exchange:
     def read_peers(self) -> dict[str, Observed]:
         """Every peer file of the folder: its listing entry and its record (re-read only when changed)."""
         folder = self.layout.peers_dir
-        out: dict[str, Observed] = {}
-        for info in self._list(folder):
-            node_id = node_id_from_filename(info.name)
-            if info.is_dir or node_id is None:
-                continue
-            out[node_id] = Observed(info, self._read_cached(folder, info, PeerRecord))
-        return out
+        return {
+            node_id: Observed(info, self._read_cached(folder, info, PeerRecord))
+            for info, node_id in self._files(folder)
+        }
+
+    def registered_workers(self) -> set[str]:
+        """Names with a valid peer file of a worker of this run (alive or stopped).
+
+        A name, once registered, stays so for this process: only peer files of names not known yet are read.
+        """
+        folder = self.layout.peers_dir
+        for info, node_id in self._files(folder):
+            if node_id not in self._registered:
+                record = self._read_cached(folder, info, PeerRecord)
+                if record is not None and record.role == "worker":
+                    self._registered.add(node_id)
+        return set(self._registered)
 
     # -- rewards ---------------------------------------------------------------------------
 
     def write_reward(self, record: RewardRecord) -> None:
         self._write(self.layout.reward_file(record.round, record.stage, record.node_id), record)
 
-    def read_rewards(self, round_: int, stage: int) -> dict[str, RewardRecord]:
-        """Valid reward submissions of a stage, by node id."""
+    def read_rewards(self, round_: int, stage: int, only: Collection[str] | None = None) -> dict[str, RewardRecord]:
+        """Valid reward submissions of a stage, by node id (of the nodes in ``only``, if given)."""
         folder = self.layout.rewards_stage_dir(round_, stage)
         out: dict[str, RewardRecord] = {}
-        for info in self._list(folder):
-            if info.is_dir or node_id_from_filename(info.name) is None:
+        for info, node_id in self._files(folder):
+            if only is not None and node_id not in only:
                 continue
             record = self._read_cached(folder, info, RewardRecord)
             if record is not None and (record.round, record.stage) == (round_, stage):
@@ -209,14 +307,9 @@ class Exchange:
     def read_evals(self) -> list[EvalRecord]:
         """Every valid eval record of the experiment (for reports; one listing per round folder)."""
         out: list[EvalRecord] = []
-        for round_info in self._list(self.layout.evals_dir):
-            round_ = parse_round_dir(round_info.name)
-            if round_ is None or not round_info.is_dir:
-                continue
+        for round_info, round_ in self.numbered_folders(self.layout.evals_dir, parse_round_dir):
             folder = f"{self.layout.evals_dir}/{round_info.name}"
-            for info in self._list(folder):
-                if info.is_dir or node_id_from_filename(info.name) is None:
-                    continue
+            for info, _ in self._files(folder):
                 record = self._read_cached(folder, info, EvalRecord)
                 if record is not None and record.round == round_:
                     out.append(record)
@@ -228,80 +321,173 @@ class Exchange:
         self._write(self.layout.rollout_file(batch.round, batch.stage, batch.node_id), batch)
 
     def read_rollouts(
-        self, round_: int, stage: int, exclude_self: bool = True, only: Collection[str] | None = None
+        self,
+        round_: int,
+        stage: int,
+        exclude_self: bool = True,
+        only: Collection[str] | None = None,
+        budget: ReadBudget | None = None,
+        skipped: dict[str, str] | None = None,
+        first: Collection[str] = (),
     ) -> dict[str, RolloutBatch]:
-        """Valid rollout batches of a stage by node id (of the nodes in ``only``, if given); a file is re-read only
-        when it changed."""
+        """Valid rollout batches of a stage by node id; a file is re-read only when it changed.
+
+        ``only``: read only these nodes' files (None: every one). ``budget``: read no more files and bytes than
+        it allows, the nodes in ``first`` before the others. ``skipped`` receives, for each listed batch left
+        unread, why (:data:`NOT_ASKED`, :data:`OVER_BUDGET`).
+        """
         folder = self.layout.rollouts_stage_dir(round_, stage)
         for old in [r for r in self._cached_rollouts if r < round_]:  # readers move forward: free older batches
             for path in self._cached_rollouts.pop(old):
                 self._cache.pop(path, None)
+        entries = sorted(self._files(folder), key=lambda entry: (entry[1] not in first, entry[0].name))
         out: dict[str, RolloutBatch] = {}
-        for info in self._list(folder):
-            node_id = node_id_from_filename(info.name)
-            if info.is_dir or node_id is None or (exclude_self and node_id == self.node_id):
+        for info, node_id in entries:
+            if exclude_self and node_id == self.node_id:
                 continue
             if only is not None and node_id not in only:
+                if skipped is not None:
+                    skipped[node_id] = NOT_ASKED
                 continue
-            self._cached_rollouts.setdefault(round_, set()).add(f"{folder}/{info.name}")
-            batch = self._read_cached(folder, info, RolloutBatch)
-            if batch is not None and (batch.round, batch.stage) == (round_, stage):
+            read, batch = self._read_batch(folder, info, round_, budget)
+            if not read:
+                if skipped is not None:
+                    skipped[node_id] = OVER_BUDGET
+            elif batch is not None and (batch.round, batch.stage) == (round_, stage):
                 out[node_id] = batch
             elif batch is not None:
                 self._reject(f"{folder}/{info.name}", "round/stage inside do not match the folder")
         return out
+
+    def _read_batch(
+        self, folder: str, info: FileInfo, round_: int, budget: ReadBudget | None
+    ) -> tuple[bool, RolloutBatch | None]:
+        """(True, batch or None if rejected) from the cache, or read if ``budget`` allows; else (False, None)."""
+        path = f"{folder}/{info.name}"
+        hit, batch = self._cached(path, info)
+        if hit:
+            return True, batch  # type: ignore[return-value]
+        # A file over the cap of a batch is refused before a byte of it is read: it costs the budget nothing.
+        budget = budget if info.size <= MAX_BYTES["rollouts"] else None
+        if budget is not None and not budget.allows(path, info.size):
+            return False, None
+        self._cached_rollouts.setdefault(round_, set()).add(path)
+        before = self.stats["bytes_read"]
+        batch = self._read_cached(folder, info, RolloutBatch)
+        if budget is not None:
+            budget.spend(path, max(info.size, self.stats["bytes_read"] - before))
+        return True, batch
 
     # -- housekeeping ----------------------------------------------------------------------
 
     def own_rollout_rounds(self, since: int = 0, before: int | None = None) -> list[tuple[int, int]]:
         """(round, stage) pairs with rounds in ``[since, before)`` for which this node has a rollout file.
 
-        Only the round folders in that range are opened, so a sweep does not re-list every kept round.
+        Only the round folders in that range are opened, so a sweep does not re-list every kept round. A name
+        in the wrong shape (a file for a round folder, a folder for this node's file) is rejected and skipped.
         """
         found: list[tuple[int, int]] = []
-        own = f"{self.node_id}.json"
-        for round_info in self._list(self.layout.rollouts_dir):
-            round_ = parse_round_dir(round_info.name)
-            if round_ is None or not round_info.is_dir or round_ < since or (before is not None and round_ >= before):
+        for _, round_ in self.numbered_folders(self.layout.rollouts_dir, parse_round_dir):
+            if round_ < since or (before is not None and round_ >= before):
                 continue
-            for stage_info in self._list(self.layout.rollouts_round_dir(round_)):
-                stage = parse_stage_dir(stage_info.name)
-                if stage is None or not stage_info.is_dir:
-                    continue
-                names = {i.name for i in self._list(self.layout.rollouts_stage_dir(round_, stage))}
-                if own in names:
+            for _, stage in self.numbered_folders(self.layout.rollouts_round_dir(round_), parse_stage_dir):
+                folder = self.layout.rollouts_stage_dir(round_, stage)
+                if any(node_id == self.node_id for _, node_id in self._files(folder)):
                     found.append((round_, stage))
         return found
+
+    def owns_rollouts(self, round_: int, stage: int) -> bool:
+        """True if this node's rollout file of the stage holds this node's batch of this run.
+
+        On a store where names differ only in case name one file (Drive for desktop on macOS and Windows),
+        ``w1.json`` may hold ``W1``'s batch: the content, not the name, says whose the file is.
+        """
+        # _read's cross-check rejects a batch whose node id is not the file name's (and one of another run).
+        return self._read(self.layout.rollout_file(round_, stage, self.node_id), RolloutBatch) is not None
 
     def cleanup_rollouts(self, current_round: int, keep_last: int, archive: bool) -> int:
         """Delete (or move to archives/) this node's rollouts of rounds older than the last ``keep_last``.
 
-        Only this node's own files are touched. Returns how many files were removed.
+        Only files that hold this node's own batch of this run are touched (:meth:`owns_rollouts`); a file the
+        store refuses to remove or move is logged and left for the next sweep. Returns how many were removed.
         """
         oldest_kept = current_round - keep_last + 1
         removed = 0
+        retry_from = oldest_kept
         # The first sweep of a process looks at every old round; later ones only at rounds new to the window.
         for round_, stage in self.own_rollout_rounds(since=self._cleaned_below, before=oldest_kept):
+            if not self.owns_rollouts(round_, stage):
+                continue
             path = self.layout.rollout_file(round_, stage, self.node_id)
-            if archive:
-                self.storage.move(path, self.layout.archived_rollout_file(round_, stage, self.node_id))
-            else:
-                self.storage.delete(path)
+            try:
+                if archive:
+                    self.storage.move(path, self.layout.archived_rollout_file(round_, stage, self.node_id))
+                else:
+                    self.storage.delete(path)
+            except OSError as exc:  # an outage, or the archive's path blocked: try again at the next sweep
+                reason = "the store is unavailable" if isinstance(exc, StorageUnavailableError) else os_reason(exc)
+                self._reject(path, f"not {'archived' if archive else 'deleted'}: {reason}")
+                retry_from = min(retry_from, round_)
+                continue
             self.stats["deletes"] += 1
             removed += 1
-        self._cleaned_below = max(self._cleaned_below, oldest_kept)
+        self._cleaned_below = max(self._cleaned_below, retry_from)
         return removed
 
+    def remove_empty_rollout_dirs(self, before_round: int) -> int:
+        """Remove the rollout folders of rounds older than ``before_round`` that workers have emptied.
+
+        Best effort, never raising: a name in the wrong shape (a file or FIFO where a round or stage folder
+        belongs) is rejected and left, and so is a folder the store refuses to remove (tried again next time).
+        Returns how many folders were removed.
+        """
+        removed = 0
+        try:
+            for _, round_ in self.numbered_folders(self.layout.rollouts_dir, parse_round_dir):
+                if round_ >= before_round:
+                    continue
+                for _, stage in self.numbered_folders(self.layout.rollouts_round_dir(round_), parse_stage_dir):
+                    removed += self._remove_empty_dir(self.layout.rollouts_stage_dir(round_, stage))
+                removed += self._remove_empty_dir(self.layout.rollouts_round_dir(round_))
+        except StorageUnavailableError as exc:
+            logger.warning("pruning the rollout folders stopped: the store is unavailable (%s); next round again", exc)
+        return removed
+
+    def _remove_empty_dir(self, folder: str) -> bool:
+        try:
+            gone = self.storage.remove_empty_dir(folder)
+        except StorageUnavailableError:
+            raise
+        except OSError as exc:
+            self._reject(folder, f"not removed: {os_reason(exc)}")
+            return False
+        self.stats["deletes"] += int(gone)
+        return gone
+
     def remove_own_temporaries(self, own_paths: list[str]) -> int:
-        """Delete the temporary files that a killed process left beside files this node owns."""
+        """Delete the temporary files that a killed process left beside files this node owns.
+
+        A temporary-looking name that is a folder is not this node's leftover: it is left alone.
+        """
         removed = 0
         by_folder: dict[str, set[str]] = {}
         for path in own_paths:
             folder, name = path.rsplit("/", 1)
             by_folder.setdefault(folder, set()).add(name)
         for folder, names in by_folder.items():
-            for info in self.storage.list(folder, include_hidden=True):
-                if any(is_temp_of(info.name, name) for name in names):
+            try:
+                listing = self.storage.list(folder, include_hidden=True)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for info in listing:
+                if info.is_dir or not any(is_temp_of(info.name, name) for name in names):
+                    continue
+                try:
                     self.storage.delete(f"{folder}/{info.name}")
-                    removed += 1
+                except OSError as exc:
+                    if isinstance(exc, StorageUnavailableError):
+                        raise
+                    logger.warning("could not remove %s/%s: %s", folder, info.name, os_reason(exc))
+                    continue
+                removed += 1
         return removed

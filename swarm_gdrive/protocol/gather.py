@@ -2,7 +2,9 @@
 and when to stop waiting.
 
 A :class:`PeerGather` is made for one stage and polled until every expected peer's batch is complete (and,
-with a peer cap, offers enough groups with reward variance) or ROLLOUT_WAIT_TIMEOUT runs out.
+with a peer cap, offers enough groups with reward variance) or ROLLOUT_WAIT_TIMEOUT runs out. It reads only
+the batches of registered workers (a peer file of a worker of this run; the state's live workers are), and at
+most :data:`MAX_GATHER_FILES` files and :data:`MAX_GATHER_BYTES` bytes per stage.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from swarm_gdrive.protocol.exchange import Exchange
+from swarm_gdrive.protocol.exchange import NOT_ASKED, OVER_BUDGET, Exchange, ReadBudget
 from swarm_gdrive.protocol.polling import Backoff, wait_for
 from swarm_gdrive.protocol.records import RolloutBatch, RolloutGroup
 from swarm_gdrive.protocol.sapo import ScoredGroup, rng_for
@@ -21,6 +23,16 @@ from swarm_gdrive.protocol.workload import StageContext
 Rescore = Callable[[StageContext, RolloutGroup], "tuple[float, ...] | None"]
 #: Records an event of the node's log: ``(event, message, level, **data)``.
 EventSink = Callable[..., None]
+
+#: The most distinct rollout files one stage's gather reads (with SAPO_MAX_PEERS=0, a swarm of more workers
+#: is read up to this many peers, the state's live workers first).
+MAX_GATHER_FILES = 256
+#: The most bytes one stage's gather reads, re-reads of a re-published batch included: with the 32 MiB cap of
+#: a batch, what a stage can hold in memory. Beyond it the gather goes on with what it has
+#: (``gather_budget_spent``).
+MAX_GATHER_BYTES = 128 * 2**20
+#: Names listed in the ``rollouts_ignored`` event (the count has them all).
+IGNORED_SHOWN = 10
 
 
 @dataclass
@@ -60,35 +72,52 @@ class PeerGather:
     ) -> None:
         self.exchange, self.ctx, self.wanted, self.rescore, self.event = exchange, ctx, wanted, rescore, event
         self.peers = sorted(set(live_workers) - {ctx.node_id})
+        self.live = set(self.peers)
         self.cap = max_peers
         self.capped = 0 < max_peers < len(self.peers)
         if self.capped:
             rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="peers").shuffle(self.peers)
         self.expected = set(self.peers[:max_peers] if self.capped else self.peers)
         self.gathered = Gathered()
+        self.budget = ReadBudget(MAX_GATHER_FILES, MAX_GATHER_BYTES)
+        self.registered: set[str] | None = None  # workers with a peer file, read once a stranger's batch shows up
+        self.ignored: set[str] = set()  # batches of names that never registered: never read
+        self.over_budget: set[str] = set()
         # (node, group id) -> the group and its local re-score: a batch re-published after each generation
         # (ROLLOUT_PUBLISH_FREQUENCY=generation) re-scores, and rejects, only the groups that are new or changed.
         self._verdicts: dict[tuple[str, str], tuple[RolloutGroup, tuple[float, ...] | None]] = {}
 
     def run(self, stop: threading.Event, timeout: float, backoff: Backoff) -> Gathered:
         """Poll until done or ``timeout`` seconds have passed; say so (``rollout_wait_expired``) in the latter case."""
-        if wait_for(self.poll, stop, timeout, backoff) is None:
-            missing = sorted(self.expected - self.gathered.complete())
-            self.event(
-                "rollout_wait_expired",
-                f"went on after {timeout:g} s without complete rollouts of {missing}",
-                level="warning",
-                missing=missing,
-            )
+        try:
+            if wait_for(self.poll, stop, timeout, backoff) is None:
+                missing = sorted(self.expected - self.gathered.complete())
+                self.event(
+                    "rollout_wait_expired",
+                    f"went on after {timeout:g} s without complete rollouts of {missing}",
+                    level="warning",
+                    missing=missing,
+                )
+        finally:
+            self._report_ignored()
         return self.gathered
 
     def poll(self) -> bool | None:
         """Read what the expected peers published; True when done, None to poll again."""
-        only = self.expected if self.capped else None
-        for node, batch in self.exchange.read_rollouts(self.ctx.round, self.ctx.stage, only=only).items():
+        skipped: dict[str, str] = {}
+        batches = self.exchange.read_rollouts(
+            self.ctx.round, self.ctx.stage, only=self._wanted(), budget=self.budget, skipped=skipped, first=self.live
+        )
+        for node, batch in batches.items():
             if self.gathered.batches.get(node) is not batch:
                 self.gathered.batches[node] = batch
                 self.gathered.scored[node] = self._score(node, batch)
+        if self._strangers({node for node, why in skipped.items() if why == NOT_ASKED}):
+            return None  # a registered worker that is not in the state yet: read its batch at the next poll
+        spent = {node for node, why in skipped.items() if why == OVER_BUDGET}
+        if spent:
+            self._budget_spent(spent)
+            return True
         if not self.expected <= self.gathered.complete():
             return None
         useful = sum(1 for g in self.gathered.pool() if g.has_variance)
@@ -97,6 +126,51 @@ class PeerGather:
             self.expected.update(self.peers[len(self.expected) : len(self.expected) + self.cap])
             return None
         return True
+
+    def _wanted(self) -> set[str]:
+        """Whose batches to read: the expected peers with a cap; else the live and every registered worker."""
+        if self.capped:
+            return self.expected
+        return self.live | (self.registered or set())
+
+    def _strangers(self, unasked: set[str]) -> bool:
+        """Sort the names left unread that are not live peers into registered workers (read from the next poll
+        on, without a cap) and never-registered ones (ignored); True if some registered worker was found."""
+        strangers = unasked - self.live - self.ignored
+        if not strangers:
+            return False
+        if self.registered is None:
+            self.registered = self.exchange.registered_workers() - {self.ctx.node_id}
+        self.ignored |= strangers - self.registered
+        return not self.capped and bool(strangers & self.registered)
+
+    def _budget_spent(self, unread: set[str]) -> None:
+        if self.over_budget:
+            return
+        self.over_budget = unread
+        self.event(
+            "gather_budget_spent",
+            f"read {len(self.budget.paths)} rollout files ({(MAX_GATHER_BYTES - self.budget.bytes) / 2**20:.1f} MiB) "
+            f"this stage, the most a gather reads (MAX_GATHER_FILES={MAX_GATHER_FILES}, MAX_GATHER_BYTES="
+            f"{MAX_GATHER_BYTES}); left unread: {', '.join(sorted(unread)[:IGNORED_SHOWN])}"
+            + (" ..." if len(unread) > IGNORED_SHOWN else ""),
+            level="warning",
+            unread=sorted(unread)[:IGNORED_SHOWN],
+            count=len(unread),
+        )
+
+    def _report_ignored(self) -> None:
+        if not self.ignored:
+            return
+        shown = sorted(self.ignored)[:IGNORED_SHOWN]
+        self.event(
+            "rollouts_ignored",
+            f"ignored {len(self.ignored)} rollout file(s) of names that never registered as a worker of this run "
+            f"(no valid peers/{{name}}.json): {', '.join(shown)}" + (" ..." if len(self.ignored) > len(shown) else ""),
+            level="warning",
+            names=shown,
+            count=len(self.ignored),
+        )
 
     def _score(self, node: str, batch: RolloutBatch) -> list[ScoredGroup]:
         """The batch's groups with this node's own rewards; a group whose provenance fails is dropped and logged."""

@@ -2,13 +2,17 @@
 
 Every file carries ``kind`` and ``schema_version``. :func:`decode` accepts bytes from the
 shared folder only if they are within the kind's size cap, valid UTF-8 JSON, and match
-the schema exactly (unknown fields, NaN, wrong types and oversized lists are rejected).
-Nothing read from the folder is ever executed or unpickled.
+the schema exactly (unknown fields, NaN, wrong types, integers beyond 64 bits and oversized
+lists are rejected). Whatever the parser raises on hostile bytes becomes a :class:`RecordError`
+with a reason: a reader never crashes on a file. Nothing read from the folder is ever executed
+or unpickled.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
@@ -21,7 +25,10 @@ ShortText = Annotated[str, StringConstraints(max_length=128)]
 Round = Annotated[int, Field(ge=0, le=10**9)]
 Stage = Annotated[int, Field(ge=0, le=1000)]
 Timestamp = Annotated[float, Field(ge=0)]
-Scalar = bool | int | float | str | None
+#: Every integer a file may hold fits 64 bits: a 4,000-digit number is valid JSON, and poison for pandas and float().
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
+Scalar = bool | Int64 | float | str | None
 
 #: Limits on what a peer may put in a rollout file.
 MAX_GROUPS_PER_BATCH = 512
@@ -72,8 +79,8 @@ class StateRecord(_Record):
     run_id: RunId
     round: Round
     status: Literal["waiting", "running", "finished"]
-    seq: Annotated[int, Field(ge=0)]
-    max_rounds: Annotated[int, Field(ge=1)]
+    seq: Count
+    max_rounds: Annotated[int, Field(ge=1, le=2**63 - 1)]
     num_stages: Annotated[int, Field(ge=1, le=1000)]
     round_opened_at: Timestamp
     round_deadline: Timestamp
@@ -97,7 +104,7 @@ class PeerRecord(_Record):
     role: Literal["coordinator", "worker"]
     run_id: RunId
     registered_at: Timestamp
-    heartbeat: Annotated[int, Field(ge=0)]
+    heartbeat: Count
     heartbeat_at: Timestamp
     status: Literal["alive", "stopped"]
     round: Round | None = None
@@ -112,9 +119,9 @@ class RewardRecord(_Record):
     round: Round
     stage: Stage
     reward: float
-    num_local_groups: Annotated[int, Field(ge=0)]
-    num_external_groups: Annotated[int, Field(ge=0)]
-    external_requested: Annotated[int, Field(ge=0)]
+    num_local_groups: Count
+    num_external_groups: Count
+    external_requested: Count
     submitted_at: Timestamp
 
 
@@ -170,7 +177,7 @@ class MetricRecord(_Record):
     node_id: NodeId
     round: Round | None = None
     ts: Timestamp
-    values: dict[ShortText, float | int | None] = Field(max_length=256)
+    values: dict[ShortText, float | Int64 | None] = Field(max_length=256)
 
 
 class EventRecord(_Record):
@@ -225,13 +232,22 @@ def encode_line(record: _Record) -> bytes:
 
 
 def decode(data: bytes, model: type[R]) -> R:
-    """Parse and validate ``data`` as ``model``; :class:`RecordError` says why not."""
+    """Parse and validate ``data`` as ``model``; :class:`RecordError` says why not, whatever went wrong."""
     kind = model.model_fields["kind"].default
     cap = MAX_BYTES[kind]
     if len(data) > cap:
         raise RecordError(f"{len(data)} bytes exceeds the {cap}-byte cap for a {kind} file")
     try:
-        text = data.decode("utf-8")
+        return _decode(data, model, kind)
+    except RecordError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - anything a parser raises on hostile bytes is a rejection, never a crash
+        raise RecordError(f"undecodable ({type(exc).__name__}: {_short(str(exc))})") from None
+
+
+def _decode(data: bytes, model: type[R], kind: str) -> R:
+    try:
+        text = bytes(data).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RecordError(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
     try:
@@ -240,36 +256,78 @@ def decode(data: bytes, model: type[R]) -> R:
         raise RecordError(f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
     except RecursionError:
         raise RecordError("not JSON (nested too deeply)") from None
+    except ValueError as exc:  # an integer literal longer than Python's int conversion limit, or the like
+        if "integer string conversion" in str(exc):
+            raise RecordError(f"not JSON (an integer of more than {sys.get_int_max_str_digits()} digits)") from None
+        raise RecordError(f"not JSON ({_short(str(exc))})") from None
     if not isinstance(raw, dict):
         raise RecordError(f"expected a JSON object, got {type(raw).__name__}")
     if raw.get("kind") != kind:
-        raise RecordError(f"kind is {raw.get('kind')!r}, expected {kind!r}")
+        raise RecordError(f"kind is {_short(repr(raw.get('kind')))}, expected {kind!r}")
     version = raw.get("schema_version")
     if type(version) is not int or version != SCHEMA_VERSION:
-        raise RecordError(f"schema_version {version!r} is not supported (this version reads {SCHEMA_VERSION})")
+        raise RecordError(
+            f"schema_version {_short(repr(version))} is not supported (this version reads {SCHEMA_VERSION})"
+        )
+    del raw  # validated again, from the text, by the model
     try:
         return model.model_validate_json(text)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "<root>"
-        raise RecordError(f"schema: {where}: {first['msg']} ({exc.error_count()} error(s))") from None
+        raise RecordError(f"schema: {_short(where)}: {_short(first['msg'])} ({exc.error_count()} error(s))") from None
 
 
-def decode_lines(data: bytes, model: type[R]) -> tuple[list[R], list[str]]:
+def _short(text: str, limit: int = 120) -> str:
+    """``text`` for a log line: printable characters only, at most ``limit`` of them.
+
+    A reason quotes what a hostile file holds (a kind, a field name); it must not carry newlines or
+    terminal escapes into logs, nor megabytes into memory.
+    """
+    clean = "".join(c if c.isprintable() else "?" for c in text[: limit + 1])
+    return clean if len(clean) <= limit else clean[: limit - 3] + "..."
+
+
+def iter_lines(data: bytes, model: type[R]) -> Iterator[tuple[int, R | None, str | None]]:
+    """``(line number, record, None)`` or ``(line number, None, reason)`` for each complete, non-blank line.
+
+    A partial last line (a writer mid-append) is skipped silently. Lines are decoded one at a time, so a
+    reader that keeps only what it needs of each record holds memory linear in what it keeps.
+    """
+    cap = MAX_BYTES[model.model_fields["kind"].default]
+    start, number, end = 0, 0, len(data)
+    while start < end:
+        stop = data.find(b"\n", start)
+        if stop < 0:
+            return
+        number += 1
+        length, line = stop - start, data[start:stop] if stop - start <= cap else b""
+        start = stop + 1
+        if length > cap:  # refused by its length, without copying it
+            yield number, None, f"line {number}: {length} bytes exceeds the {cap}-byte cap for a line"
+        elif line.strip():
+            try:
+                yield number, decode(line, model), None
+            except RecordError as exc:
+                yield number, None, f"line {number}: {exc}"
+
+
+def decode_lines(data: bytes, model: type[R], max_problems: int | None = None) -> tuple[list[R], list[str]]:
     """Parse a JSONL file: the valid records and a reason for each line rejected.
 
-    A partial last line (a writer mid-append) is skipped silently.
+    A partial last line (a writer mid-append) is skipped silently. With ``max_problems``, at most that many
+    reasons are kept, then one line that counts the rest.
     """
     records: list[R] = []
     problems: list[str] = []
-    lines = data.split(b"\n")
-    if lines and not data.endswith(b"\n"):
-        lines = lines[:-1]
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(decode(line, model))
-        except RecordError as exc:
-            problems.append(f"line {number}: {exc}")
+    more = 0
+    for _, record, problem in iter_lines(data, model):
+        if record is not None:
+            records.append(record)
+        elif max_problems is None or len(problems) < max_problems:
+            problems.append(problem or "")
+        else:
+            more += 1
+    if more:
+        problems.append(f"{more} more line(s) rejected")
     return records, problems

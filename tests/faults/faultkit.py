@@ -4,6 +4,7 @@ that watches the folder for partial files while the swarm runs, and the checks e
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -56,7 +57,9 @@ def swarm_env(folder: Path, **extra: object) -> dict[str, str]:
         COORDINATOR_ROUND_INTERVAL=60,
         COORDINATOR_WAIT_TIMEOUT=120,
         SYNTHETIC_STEP_SECONDS=0.3,
-        PYTHONPATH=str(HOOK_DIR),
+        # The hook imports swarm_gdrive while the interpreter starts, before the working directory is on sys.path:
+        # without this checkout named here, a node with the hook on would run whichever swarm_gdrive is installed.
+        PYTHONPATH=os.pathsep.join([str(HOOK_DIR), str(TESTS_DIR.parent)]),
     )
     return {**env, **{k: str(v) for k, v in extra.items()}}
 

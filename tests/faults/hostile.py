@@ -21,6 +21,8 @@ from swarm_gdrive.protocol.records import (
 from swarm_gdrive.protocol.workload import SYNTHETIC_DATASET, SyntheticWorkload
 
 GIB = 1024**3
+#: What a reader says of a file holding an integer literal longer than Python's int conversion limit.
+HUGE_REASON = "not JSON (an integer of more than 4300 digits)"
 FORGED_QUESTION, FORGED_PROVENANCE, FORGED_REWARDS = "forged-question", "forged-provenance", "forged-rewards"
 
 
@@ -84,23 +86,60 @@ def state_record(run_id: str) -> StateRecord:
     )
 
 
-def plant(folder: Path, rel: str, data: bytes | None = None, *, sparse: int = 0, link: str = "", fifo: bool = False):
+def plant(
+    folder: Path,
+    rel: str,
+    data: bytes | None = None,
+    *,
+    sparse: int = 0,
+    link: str = "",
+    fifo: bool = False,
+    directory: bool = False,
+) -> str:
+    """Put ``data`` (or a sparse file, a link, a FIFO, a folder) at ``rel``; returns ``rel``."""
     target = folder / rel
     target.parent.mkdir(parents=True, exist_ok=True)
-    if sparse:
+    if directory:
+        target.mkdir()
+    elif sparse:
         with open(target, "wb") as fh:
             fh.truncate(sparse)  # a 1 GiB file that takes no disk
     elif link:
         os.symlink(link, target)
     elif fifo:
         os.mkfifo(target)
-    else:
-        target.write_bytes(data or b"")
+    else:  # whole or not at all, as a node writes: a running reader must see the planted bytes, not half of them
+        hidden = target.with_name(f".{target.name}.plant.tmp")
+        hidden.write_bytes(data or b"")
+        os.replace(hidden, target)
     return rel
 
 
+def huge_int(kind: str) -> bytes:
+    """The 5 KB file of issue 14: valid JSON of a kind whose integer literal has 5,000 digits, more than Python's
+    int conversion allows (``json.loads`` raises a plain ValueError)."""
+    return f'{{"schema_version":1,"kind":"{kind}","round":{"9" * 5000}}}'.encode()
+
+
+def stopped_worker(node: str, run_id: str) -> PeerRecord:
+    """A valid peer record of a worker of this run that has stopped: registered, so its rollouts are read, and
+    never live, so the coordinator does not wait for it."""
+    now = time.time()
+    return PeerRecord(
+        node_id=node,
+        role="worker",
+        run_id=run_id,
+        registered_at=now,
+        heartbeat=1,
+        heartbeat_at=now,
+        status="stopped",
+    )
+
+
 def plant_rollouts(folder: Path, layout: Layout, run_id: str, round_: int, seed: int) -> dict[str, str]:
-    """Broken and hostile rollout files of one round; returns path -> the reason a reader must give."""
+    """Broken and hostile rollout files of one round, under registered names (a gather reads only those), and a
+    valid batch of a name that never registered (``stranger``: never read); returns path -> the reason a reader
+    must give."""
     good = encode(forged_batch("trunc", run_id, round_, seed))
     flood = flood_batch("flood", run_id, round_, seed, 1, 4).model_dump(mode="json")
     flood["groups"][0].update(completions=["0"] * 10_000, rewards=[1.0] * 10_000)  # the schema allows 64
@@ -125,6 +164,10 @@ def plant_rollouts(folder: Path, layout: Layout, run_id: str, round_: int, seed:
     }
     plant(folder, at("forger"), encode(forged_batch("forger", run_id, round_, seed)))
     plant(folder, at("many"), encode(flood_batch("many", run_id, round_, seed, 200, 50)))  # 10,000 completions
+    for name in [*(rel.rsplit("/", 1)[-1][: -len(".json")] for rel in expected), "forger", "many"]:
+        if not (folder / layout.peer_file(name)).exists():
+            plant(folder, layout.peer_file(name), encode(stopped_worker(name, run_id)))
+    plant(folder, at("stranger"), encode(forged_batch("stranger", run_id, round_, seed)))
     return expected
 
 
@@ -141,13 +184,13 @@ def plant_for_coordinator(folder: Path, layout: Layout, run_id: str, rounds: int
         status="alive",
     )
     plant(folder, layout.peer_file("fakecoord"), encode(fake))  # valid: a second "coordinator", never a worker
-    pathy = json.loads(encode(fake.model_copy(update={"node_id": "pathy", "role": "worker"})))
+    pathy = json.loads(encode(fake.model_copy(update={"node_id": "p-pathy", "role": "worker"})))
     pathy["node_id"] = "../../x"
-    expected = {
-        plant(folder, layout.peer_file("stately"), encode(state_record(run_id))): "kind is 'state', expected 'peer'",
-        plant(folder, layout.peer_file("huge"), sparse=GIB): f"{GIB} bytes exceeds",
-        plant(folder, layout.peer_file("pathy"), json.dumps(pathy).encode()): "schema: node_id",
-        plant(folder, layout.peer_file("fifo"), fifo=True): "a FIFO, not a regular file",
+    expected = {  # names other than plant_rollouts' registered ones
+        plant(folder, layout.peer_file("p-stately"), encode(state_record(run_id))): "kind is 'state', expected 'peer'",
+        plant(folder, layout.peer_file("p-huge"), sparse=GIB): f"{GIB} bytes exceeds",
+        plant(folder, layout.peer_file("p-pathy"), json.dumps(pathy).encode()): "schema: node_id",
+        plant(folder, layout.peer_file("p-fifo"), fifo=True): "a FIFO, not a regular file",
     }
     for round_ in range(rounds):
         ghost = RewardRecord(

@@ -102,6 +102,8 @@ def test_hostile_files_are_rejected_with_their_reasons_and_nothing_forged_is_tra
         assert max(counts.values()) == 1, (node, counts.most_common(3))
     for w in WORKERS:
         assert "not JSON" in rejections(folder, w)[LAYOUT.state_file]
+        ignored = [e.data["names"] for e in events(folder, w) if e.event == "rollouts_ignored"]
+        assert ignored == [["stranger"]] * ROUNDS, ignored  # a valid batch of a name that never registered: unread
     assert not rejections(folder, "coord").keys() & {LAYOUT.peer_file("fakecoord")}  # valid, just not a worker
 
     # Neither the second "coordinator" nor the unregistered "ghost" with its rewards ever counted.
