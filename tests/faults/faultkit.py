@@ -4,6 +4,7 @@ that watches the folder for partial files while the swarm runs, and the checks e
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import swarm_gdrive
 from swarm_gdrive.procs import NodeProcess, stop_all
 from swarm_gdrive.protocol.layout import Layout, parse_round_dir
 from swarm_gdrive.protocol.records import (
@@ -29,6 +31,9 @@ from swarm_gdrive.storage import LocalStorage
 from swarm_gdrive.storage.base import is_temporary
 
 HOOK_DIR = Path(__file__).resolve().parent / "hook"
+#: The folder holding the swarm_gdrive these tests imported: nodes must run the same code (a worktree's, under
+#: PYTHONPATH), not whichever copy is installed.
+PACKAGE_ROOT = Path(swarm_gdrive.__file__).resolve().parent.parent
 TESTS_DIR = Path(__file__).resolve().parent.parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
@@ -56,7 +61,7 @@ def swarm_env(folder: Path, **extra: object) -> dict[str, str]:
         COORDINATOR_ROUND_INTERVAL=60,
         COORDINATOR_WAIT_TIMEOUT=120,
         SYNTHETIC_STEP_SECONDS=0.3,
-        PYTHONPATH=str(HOOK_DIR),
+        PYTHONPATH=os.pathsep.join([str(HOOK_DIR), str(PACKAGE_ROOT)]),
     )
     return {**env, **{k: str(v) for k, v in extra.items()}}
 
