@@ -592,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         prepare_model(args, folder)
     local_dir = str(folder / "nodes")  # node identities stay outside the shared experiments/ tree
     names = [config_name(args.groups, j) for j in args.js]
-    experiments = {name: f"{args.tag}-{name}" for name in names}
+    experiments = {name: f"{args.tag}-{name}".lower() for name in names}  # experiment names are lowercase
     saved = load_study(out / f"learning_{args.tag}.json")
     previous = saved.get("configurations", {})
     study = {

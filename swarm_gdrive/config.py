@@ -246,10 +246,10 @@ def _parse_storage_url(var: str, raw: str, scheme: str, rest: str) -> str:
     if not folder:
         raise ConfigError(var, raw, f"{scheme}:// needs a bucket or root, e.g. {scheme}://my-bucket/rl-swarm")
     for part in [p for p in prefix.split("/") if p]:
-        try:
-            validate_name(part, what=var)
-        except InvalidNameError:
-            raise ConfigError(var, raw, f"path component {part!r} is not a safe name") from None
+        try:  # one folder path, chosen once: case cannot make two of its names collide
+            validate_name(part, what=var, lowercase=False)
+        except InvalidNameError as err:
+            raise ConfigError(var, raw, f"path component {part!r} is not a safe name: {err.fix}") from None
     return f"{scheme}://{folder}/{prefix.strip('/')}".rstrip("/")
 
 
@@ -321,7 +321,7 @@ class Config:
     experiment_name: str = _env(
         "EXPERIMENT_NAME",
         "swarm-experiment",
-        "Name of the experiment folder under experiments/; letters, digits, '.', '_' and '-'.",
+        "Name of the experiment folder under experiments/; lowercase letters, digits, '.', '_' and '-'.",
         _parse_name,
     )
     node_role: str = _env(
@@ -330,8 +330,8 @@ class Config:
     node_id: str | None = _env(
         "NODE_ID",
         None,
-        "Identity of this node in the swarm. Unset: a generated one, persisted in SWARM_LOCAL_DIR "
-        "so that a restarted node keeps it.",
+        "Identity of this node in the swarm: lowercase letters, digits, '.', '_' and '-'. Unset: a generated one, "
+        "persisted in SWARM_LOCAL_DIR so that a restarted node keeps it.",
         _parse_optional_name,
     )
     model_name: str = _env(

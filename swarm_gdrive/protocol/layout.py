@@ -114,7 +114,7 @@ class Layout:
 
     def reset_archive_dir(self, stamp: str) -> str:
         """Where a reset moves the whole previous experiment folder."""
-        return f"{self.archive_root}/reset_{validate_name(stamp, 'reset stamp')}"
+        return f"{self.archive_root}/reset_{validate_name(stamp, 'reset stamp', lowercase=False)}"
 
     @property
     def evals_dir(self) -> str:

@@ -54,6 +54,25 @@ class NotRegularFileError(StorageError):
         super().__init__(f"{path}: {what}, not a regular file")
 
 
+class LinkRefusedError(NotRegularFileError):
+    """A symbolic link at or above a path under the root: never followed, so nothing was read through it."""
+
+    def __init__(self, path: str, link: str) -> None:
+        what = "a symbolic link" if link == path else f"under the symbolic link {link}"
+        StorageError.__init__(
+            self, f"{path}: refused: {link} is a symbolic link, and links under the root are never followed"
+        )
+        self.path, self.what, self.link = path, what, link
+
+
+class PathBlockedError(StorageError):
+    """Something at or above a writer's own path could not be cleared out of the way; nothing was written."""
+
+    def __init__(self, path: str, where: str, why: str) -> None:
+        self.path, self.where = path, where
+        super().__init__(f"{path}: not written: {where} {why}; remove {where} by hand")
+
+
 # -- temporary names: part of the storage contract -----------------------------------------------------------
 
 

@@ -4,14 +4,24 @@ Atomic writes go to a hidden temporary name in the same folder, are fsynced, the
 renamed over the target. Transient errors of a FUSE mount (EIO, ENOTCONN, ESTALE, ...)
 are retried with exponential backoff; one that outlasts the retries is raised as a
 StorageUnavailableError (with the same errno and message), which bounded waits ride out.
+
+Symbolic links under the root are never followed. The root (GDRIVE_PATH, which may itself be
+a link: Colab's ``/content/drive``, a Drive for desktop folder) is resolved once; every path
+under it is then walked one component at a time from an open folder descriptor with
+``O_NOFOLLOW`` (``openat``/``mkdirat``/``unlinkat``/``renameat`` with ``dir_fd``), so a link
+planted between a check and a use is refused too, and nothing is read or written outside the
+root. A reader meeting a link gets :class:`LinkRefusedError`; a listing or deletion under one
+finds nothing (and logs it once). A writer's own path is the writer's alone: a link, a file
+where a folder belongs or a folder where its file belongs is removed (never followed, a
+WARNING names it) and the write goes on; :class:`PathBlockedError` if it cannot be.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
-import shutil
 import stat
 from pathlib import Path, PurePosixPath
 
@@ -19,7 +29,9 @@ from swarm_gdrive.storage.base import (
     DEFAULT_MAX_READ_BYTES,
     FileInfo,
     FileTooLargeError,
+    LinkRefusedError,
     NotRegularFileError,
+    PathBlockedError,
     StorageError,
     StorageUnavailableError,
     is_temporary,
@@ -34,6 +46,24 @@ TRANSIENT_ERRNOS = frozenset(
     {errno.EIO, errno.ENOTCONN, errno.ESTALE, errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNABORTED, errno.EBUSY}
 )
 
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
+#: What open(O_NOFOLLOW) answers for a link (EMLINK on FreeBSD), or open(O_DIRECTORY) for a non-folder.
+_NOT_FOLLOWED = frozenset({errno.ELOOP, errno.EMLINK, errno.ENOTDIR})
+#: Times one component may be cleared of a blocker before a write gives up (someone keeps planting it back).
+_MAX_CLEARS = 4
+#: A planted tree blocking a writer's own file is removed only up to this depth and this many entries.
+_MAX_TREE_DEPTH, _MAX_TREE_ENTRIES = 32, 10_000
+#: The calls that take dir_fd here: all of them on Linux and macOS (WSL 2 included), none on native Windows.
+_MISSING_DIR_FD = [
+    f.__name__
+    for f in (os.open, os.mkdir, os.unlink, os.rmdir, os.rename, os.stat, os.readlink)
+    if f not in os.supports_dir_fd
+]
+
+_warned: set[str] = set()
+
 
 def is_transient_os_error(exc: BaseException) -> bool:
     """True for the errors a network mount gives while it recovers."""
@@ -44,22 +74,44 @@ def is_transient_os_error(exc: BaseException) -> bool:
     return False
 
 
+class RootedPath(type(Path())):  # type: ignore[misc]
+    """An absolute path under a storage root that knows which of its components lie under the root.
+
+    The backend's operations take one (``LocalStorage._read(target, ...)`` and so on) so that they can walk
+    ``inner`` from ``storage_root`` without following a link; as a ``Path`` it also serves code that wraps them.
+    """
+
+    storage_root: str
+    inner: tuple[str, ...]
+
+    @property
+    def rel(self) -> str:
+        return "/".join(self.inner)
+
+
 class LocalStorage:
     """A :class:`~swarm_gdrive.storage.base.Storage` over a local or mounted folder."""
 
     def __init__(self, root: str | os.PathLike[str], retry_attempts: int = 8, retry_max_wait: float = 10.0) -> None:
-        self.root = Path(root)
+        if _MISSING_DIR_FD or not _NOFOLLOW:
+            raise StorageError(
+                f"GDRIVE_PATH={os.fspath(root)!r}: a local folder needs Linux, macOS or WSL 2 (this system lacks "
+                f"dir_fd for {_MISSING_DIR_FD or ['open']}, with which links are never followed); use WSL 2"
+            )
+        self.root = Path(root).resolve()  # once: GDRIVE_PATH may itself be a link, nothing under it may
         self._attempts = retry_attempts
         self._max_wait = retry_max_wait
 
     def describe(self) -> str:
         return f"local folder {self.root}"
 
-    def _path(self, rel: str) -> Path:
+    def _path(self, rel: str) -> RootedPath:
         parts = PurePosixPath(rel).parts
         if not parts or PurePosixPath(rel).is_absolute() or any(p in ("..", ".", "") for p in parts):
             raise ValueError(f"storage path must be relative and stay inside the root: {rel!r}")
-        return self.root.joinpath(*parts)
+        target = RootedPath(self.root, *parts)
+        target.storage_root, target.inner = str(self.root), tuple(parts)
+        return target
 
     def _retry(self, fn, *args):
         try:
@@ -78,20 +130,29 @@ class LocalStorage:
         return self._retry(self._read, self._path(path), max_bytes, path)
 
     @staticmethod
-    def _read(target: Path, max_bytes: int, rel: str) -> bytes:
+    def _read(target: RootedPath, max_bytes: int, rel: str) -> bytes:
         # Opened non-blocking, so that a FIFO planted under a protocol name cannot hang the reader, and
-        # read only if it is a regular file (a link to a folder, a FIFO or a device is refused, not retried).
-        try:
-            fh = open(target, "rb", opener=_open_nonblocking)  # noqa: SIM115 - closed below
-        except IsADirectoryError:
-            raise NotRegularFileError(rel, "a folder") from None
-        with fh:
-            st = os.fstat(fh.fileno())
+        # read only if it is a regular file (a link, a folder, a FIFO or a device is refused, not retried).
+        with _Parent(target, create=False) as parent:
+            try:
+                fd = os.open(target.name, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC, dir_fd=parent.fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.EMLINK):
+                    raise LinkRefusedError(rel, rel) from None
+                if exc.errno == errno.ENXIO:  # a socket
+                    raise NotRegularFileError(rel, _lkind(parent.fd, target.name) or "gone") from None
+                raise
+        try:  # checked before fdopen, which refuses a folder with an error of its own
+            st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise NotRegularFileError(rel, "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device")
+                raise NotRegularFileError(rel, _kind(st.st_mode))
             if st.st_size > max_bytes:
                 raise FileTooLargeError(rel, st.st_size, max_bytes)
-            os.set_blocking(fh.fileno(), True)
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        with os.fdopen(fd, "rb") as fh:
             data = fh.read(max_bytes + 1)
         if len(data) > max_bytes:  # grew while we read
             raise FileTooLargeError(rel, len(data), max_bytes)
@@ -101,20 +162,25 @@ class LocalStorage:
         return self._retry(self._list, self._path(folder), include_hidden)
 
     @staticmethod
-    def _list(target: Path, include_hidden: bool) -> list[FileInfo]:
-        out: list[FileInfo] = []
+    def _list(target: RootedPath, include_hidden: bool) -> list[FileInfo]:
         try:
-            entries = list(os.scandir(target))
-        except (FileNotFoundError, NotADirectoryError):
-            return out
-        for entry in entries:
-            if not include_hidden and is_temporary(entry.name):
-                continue
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:  # removed between scandir and stat
-                continue
-            out.append(FileInfo(entry.name, st.st_size, st.st_mtime, entry.is_dir(follow_symlinks=False)))
+            with _Parent(target, create=False) as parent:
+                fd = os.open(target.name, _DIR, dir_fd=parent.fd)
+        except FileNotFoundError:
+            return []
+        except LinkRefusedError as exc:
+            _warn_once(exc.link, "%s: not listed: %s is a symbolic link (never followed)", target.rel, exc.link)
+            return []
+        except OSError as exc:
+            if exc.errno not in _NOT_FOLLOWED:
+                raise
+            if exc.errno != errno.ENOTDIR:  # a file where a folder is listed is just empty, as the contract says
+                _warn_once(target.rel, "%s: not listed: a symbolic link (never followed)", target.rel)
+            return []
+        try:
+            out = _entries(fd, include_hidden)
+        finally:
+            os.close(fd)
         out.sort(key=lambda info: info.name)
         return out
 
@@ -124,28 +190,29 @@ class LocalStorage:
         self._retry(self._write, self._path(path), bytes(data))
 
     @staticmethod
-    def _write(target: Path, data: bytes) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(temp_name_for(target.name))
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        _fsync_dir(target.parent)
+    def _write(target: RootedPath, data: bytes) -> None:
+        with _Parent(target, create=True) as parent:
+            tmp = temp_name_for(target.name)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644, dir_fd=parent.fd)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                _replace(parent.fd, tmp, parent.fd, target)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=parent.fd)
+                raise
+            _fsync_fd(parent.fd)
 
     def append_bytes(self, path: str, data: bytes) -> None:
         self._retry(self._append, self._path(path), bytes(data))
 
     @staticmethod
-    def _append(target: Path, data: bytes) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    def _append(target: RootedPath, data: bytes) -> None:
+        with _Parent(target, create=True) as parent:
+            fd = _open_for_append(parent.fd, target)
         try:
             view = memoryview(data)
             while view:  # a FUSE mount may write less than asked
@@ -158,31 +225,262 @@ class LocalStorage:
         self._retry(self._delete, self._path(path))
 
     @staticmethod
-    def _delete(target: Path) -> None:
-        target.unlink(missing_ok=True)
+    def _delete(target: RootedPath) -> None:
+        try:
+            with _Parent(target, create=False) as parent:
+                try:
+                    os.unlink(target.name, dir_fd=parent.fd)  # a link itself goes: unlink never follows one
+                except FileNotFoundError:
+                    return
+                except OSError:
+                    kind = _lkind(parent.fd, target.name)
+                    if kind is None:
+                        return
+                    if kind != "a folder":
+                        raise
+                    _warn_once(target.rel, "%s: not deleted: a folder where a file belongs", target.rel)
+        except FileNotFoundError:  # a parent is missing, or is a file: nothing there to delete
+            return
+        except LinkRefusedError as exc:
+            _warn_once(exc.link, "%s: not deleted: %s is a symbolic link (never followed)", target.rel, exc.link)
 
     def remove_empty_dir(self, folder: str) -> bool:
         return self._retry(self._rmdir, self._path(folder))
 
     @staticmethod
-    def _rmdir(target: Path) -> bool:
+    def _rmdir(target: RootedPath) -> bool:
         try:
-            target.rmdir()
+            with _Parent(target, create=False) as parent:
+                try:
+                    os.rmdir(target.name, dir_fd=parent.fd)
+                except FileNotFoundError:
+                    return True
+                except OSError as exc:
+                    if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                        return False
+                    kind = _lkind(parent.fd, target.name)
+                    if kind is None:
+                        return True
+                    if exc.errno != errno.ENOTDIR or kind == "a folder":
+                        raise
+                    _warn_once(target.rel, "%s: not removed: %s where a folder belongs", target.rel, kind)
+                    return False
         except FileNotFoundError:
             return True
-        except OSError as exc:
-            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                return False
-            raise
+        except LinkRefusedError as exc:
+            _warn_once(exc.link, "%s: not removed: %s is a symbolic link (never followed)", target.rel, exc.link)
+            return False
         return True
 
     def move(self, src: str, dst: str) -> None:
         self._retry(self._move, self._path(src), self._path(dst))
 
     @staticmethod
-    def _move(src: Path, dst: Path) -> None:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(os.fspath(src), os.fspath(dst))
+    def _move(src: RootedPath, dst: RootedPath) -> None:
+        with _Parent(src, create=False) as source:
+            os.stat(src.name, dir_fd=source.fd, follow_symlinks=False)  # FileNotFoundError before making dst's parents
+            with _Parent(dst, create=True) as target:
+                _replace(source.fd, src.name, target.fd, dst)
+
+
+class _Parent:
+    """The open folder holding a path's last component, reached from the root without following a link.
+
+    ``create``: missing folders are made, and a link, file or other entry where a folder belongs is removed (a
+    writer's own path); otherwise a link raises LinkRefusedError and a non-folder counts as absent.
+    """
+
+    def __init__(self, target: RootedPath, create: bool) -> None:
+        self.target, self.create, self.fd = target, create, -1
+
+    def __enter__(self) -> _Parent:
+        self.fd = _open_root(self.target.storage_root, self.create)
+        try:
+            for depth, name in enumerate(self.target.inner[:-1]):
+                child = self._step(name, depth)
+                os.close(self.fd)
+                self.fd = child
+        except BaseException:
+            os.close(self.fd)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+
+    def _step(self, name: str, depth: int) -> int:
+        target, where = self.target, "/".join(self.target.inner[: depth + 1])
+        for _ in range(_MAX_CLEARS):
+            try:
+                return os.open(name, _DIR, dir_fd=self.fd)
+            except FileNotFoundError:
+                if not self.create:
+                    raise FileNotFoundError(errno.ENOENT, "No such file or directory", target.rel) from None
+                with contextlib.suppress(FileExistsError):  # a racing creator, or a blocker the next open meets
+                    os.mkdir(name, 0o755, dir_fd=self.fd)
+                continue
+            except OSError as exc:
+                if exc.errno not in _NOT_FOLLOWED:
+                    raise
+            kind = _lkind(self.fd, name)
+            if kind is None or kind == "a folder":  # changed under us: look again
+                continue
+            if not self.create:
+                if kind == "a symbolic link":
+                    raise LinkRefusedError(target.rel, where)
+                _warn_once(where, "%s is %s where a folder belongs: nothing under it is read", where, kind)
+                raise FileNotFoundError(errno.ENOENT, f"{where} is {kind}, not a folder", target.rel)
+            _clear(self.fd, name, where, kind, target.rel)
+        raise PathBlockedError(target.rel, where, "keeps being replaced by something that is not a folder")
+
+
+def _entries(fd: int, include_hidden: bool) -> list[FileInfo]:
+    """The entries of the open folder ``fd``, each stat'ed without following a link (a link is not a folder)."""
+    out: list[FileInfo] = []
+    with os.scandir(fd) as it:
+        for entry in it:
+            if not include_hidden and is_temporary(entry.name):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)  # relative to fd: before fd is closed
+            except FileNotFoundError:  # removed between scandir and stat
+                continue
+            out.append(FileInfo(entry.name, st.st_size, st.st_mtime, stat.S_ISDIR(st.st_mode)))
+    return out
+
+
+def _open_root(root: str, create: bool) -> int:
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
+    try:
+        return os.open(root, flags)
+    except FileNotFoundError:
+        if not create:
+            raise
+    os.makedirs(root, exist_ok=True)
+    return os.open(root, flags)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISREG(mode):
+        return "a file"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device"
+
+
+def _lkind(dir_fd: int, name: str) -> str | None:
+    """What ``name`` is, without following it; None if it is gone."""
+    try:
+        return _kind(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return None
+
+
+def _warn_once(key: str, message: str, *args: object) -> None:
+    """A WARNING per path and process: polls meet the same planted entry many times."""
+    if key in _warned:
+        return
+    if len(_warned) > 10_000:
+        _warned.clear()
+    _warned.add(key)
+    logger.warning(message, *args)
+
+
+def _say_removed(dir_fd: int, name: str, where: str, kind: str, rel: str) -> None:
+    pointing = ""
+    if kind == "a symbolic link":
+        with contextlib.suppress(OSError):
+            pointing = f" to {os.readlink(name, dir_fd=dir_fd)!r}"
+    logger.warning("removed %s%s at %s: it blocked writing %s (links are never followed)", kind, pointing, where, rel)
+
+
+def _clear(dir_fd: int, name: str, where: str, kind: str, rel: str) -> None:
+    """Remove what sits where a writer's own path must go: a link itself (never its target), a file, a tree."""
+    _say_removed(dir_fd, name, where, kind, rel)
+    try:
+        if kind == "a folder":
+            _remove_tree(dir_fd, name, 0, [_MAX_TREE_ENTRIES])
+        else:
+            os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    except PathBlockedError:
+        raise PathBlockedError(rel, where, f"is {kind} too large to remove") from None
+    except OSError as exc:
+        if is_transient_os_error(exc):
+            raise
+        raise PathBlockedError(rel, where, f"is {kind} that could not be removed ({exc.strerror})") from None
+
+
+def _remove_tree(dir_fd: int, name: str, depth: int, budget: list[int]) -> None:
+    """Remove the folder ``name`` and everything in it, never following a link; bounded in depth and entries."""
+    if depth > _MAX_TREE_DEPTH:
+        raise PathBlockedError(name, name, "is nested too deeply")
+    fd = os.open(name, _DIR, dir_fd=dir_fd)
+    try:
+        with os.scandir(fd) as it:
+            entries = list(it)
+        budget[0] -= len(entries)
+        if budget[0] < 0:
+            raise PathBlockedError(name, name, "holds too many entries")
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):
+                if entry.is_dir(follow_symlinks=False):
+                    _remove_tree(fd, entry.name, depth + 1, budget)
+                else:
+                    os.unlink(entry.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+def _replace(src_fd: int, src_name: str, dst_fd: int, dst: RootedPath) -> None:
+    """Rename onto ``dst``'s name; a folder in the way of a file (the writer's own path) is removed first.
+
+    A link, FIFO or device at the name is replaced by the rename itself (which never follows it), and said.
+    """
+    kind = _lkind(dst_fd, dst.name)
+    if kind not in (None, "a file", "a folder"):
+        _say_removed(dst_fd, dst.name, dst.rel, kind, dst.rel)
+    for _ in range(_MAX_CLEARS):
+        try:
+            os.replace(src_name, dst.name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            if _lkind(dst_fd, dst.name) != "a folder" or _lkind(src_fd, src_name) == "a folder":
+                raise
+        _clear(dst_fd, dst.name, dst.rel, "a folder", dst.rel)
+    raise PathBlockedError(dst.rel, dst.rel, "keeps being replaced by a folder")
+
+
+def _open_for_append(dir_fd: int, target: RootedPath) -> int:
+    """The writer's own log opened for appending; a link, folder, FIFO or device at its name is removed first."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC
+    for _ in range(_MAX_CLEARS):
+        try:
+            fd = os.open(target.name, flags, 0o644, dir_fd=dir_fd)
+        except OSError as exc:  # ELOOP: a link; EISDIR: a folder; ENXIO: a FIFO nobody reads
+            if exc.errno not in (errno.ELOOP, errno.EMLINK, errno.EISDIR, errno.ENXIO):
+                raise
+            kind = _lkind(dir_fd, target.name)
+        else:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISREG(mode):
+                os.set_blocking(fd, True)
+                return fd
+            os.close(fd)
+            kind = _kind(mode)
+        if kind is not None and kind != "a file":
+            _clear(dir_fd, target.name, target.rel, kind, target.rel)
+    raise PathBlockedError(target.rel, target.rel, "keeps being replaced by something that is not a file")
 
 
 def _unavailable(exc: OSError) -> StorageUnavailableError:
@@ -193,19 +491,7 @@ def _unavailable(exc: OSError) -> StorageUnavailableError:
     return StorageUnavailableError(exc.errno, exc.strerror, *extra)
 
 
-def _open_nonblocking(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NONBLOCK)
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename durable; some FUSE mounts refuse to open a folder, which is harmless."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
+def _fsync_fd(fd: int) -> None:
+    """Make a rename durable; some FUSE mounts refuse to fsync a folder, which is harmless."""
+    with contextlib.suppress(OSError):
         os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -2,11 +2,14 @@
 
 ``checkpoints/{node_id}/round_{R}/`` holds the model and tokenizer (``save_pretrained``,
 safetensors), ``optimizer.safetensors`` (every optimizer tensor and the torch RNG states),
-``trainer_state.json`` (round, param groups, scalar optimizer state, Python RNG state) and,
-written last, ``checkpoint.json``: the manifest with every file's size and sha256. A
-checkpoint without a valid manifest, with a file that does not match it, or with a file
-name outside the allowed set is ignored, so a half-written or planted checkpoint is never
-loaded.
+``trainer_state.json`` (round, param groups, scalar optimizer state, Python RNG state) and
+``checkpoint.json``: the manifest, naming the node, the run and the round, with every file's
+size and sha256. The manifest is written twice: first with ``complete: false`` (before any
+other file), last with ``complete: true``. A checkpoint without a valid complete manifest,
+with a file that does not match it, or with a file name outside the allowed set is ignored,
+so a half-written or planted checkpoint is never loaded; a malformed manifest (not JSON,
+too deep, a huge integer, wrong types, a folder or FIFO in its place) is a skipped
+checkpoint, never a crash. Pruning removes only what a manifest of this node and run lists.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import logging
 import random
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +28,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from swarm_gdrive.protocol.layout import Layout, parse_round_dir
+from swarm_gdrive.protocol.records import ExperimentRecord, decode
 from swarm_gdrive.storage import Storage
+from swarm_gdrive.storage.base import is_temp_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -43,10 +48,41 @@ ALLOWED_FILES = re.compile(
 )
 MAX_JSON_BYTES = 64 * 1024 * 1024
 MAX_FILE_BYTES = 64 * 1024**3
+#: A manifest lists a few dozen files in a few KB; more is not a manifest this package wrote.
+MAX_MANIFEST_BYTES, MAX_MANIFEST_FILES = 1024 * 1024, 1024
+#: 2 names the run and says whether the save completed; 1 (neither) is still read: written by earlier versions.
+SCHEMA_VERSION = 2
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_RUN_ID = re.compile(r"[0-9a-f]{8,64}")
 
 
 class CheckpointError(ValueError):
     """A checkpoint that must not be loaded; the message says why."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a checkpoint as its manifest lists it."""
+
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """``checkpoint.json``, parsed and type-checked (:func:`parse_manifest`)."""
+
+    node_id: str
+    run_id: str | None  # None: a schema 1 manifest, written before manifests named their run
+    round: int
+    complete: bool
+    files: dict[str, FileEntry]
+
+    def to_json(self) -> bytes:
+        files = {name: {"size": e.size, "sha256": e.sha256} for name, e in self.files.items()}
+        body = {"kind": "checkpoint", "schema_version": SCHEMA_VERSION, "node_id": self.node_id}
+        body.update(run_id=self.run_id, round=self.round, complete=self.complete, files=files)
+        return json.dumps(body, sort_keys=True).encode()
 
 
 @dataclass(frozen=True)
@@ -59,6 +95,14 @@ class Restored:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -116,8 +160,13 @@ def save(
     keep_last: int = 2,
     extra: dict[str, Any] | None = None,
 ) -> str:
-    """Write a checkpoint of ``round_`` (manifest last) and remove this node's older ones beyond ``keep_last``."""
+    """Write a checkpoint of ``round_`` and remove this node's older ones beyond ``keep_last``.
+
+    The manifest goes first with ``complete: false`` (so an interrupted save is provably this node's and
+    its pruning can remove it), then every file, then the manifest again with ``complete: true``.
+    """
     folder = layout.checkpoint_dir(node_id, round_)
+    run_id = current_run(storage, layout)
     with tempfile.TemporaryDirectory(prefix="swarm-ckpt-") as tmp:
         local = Path(tmp)
         model.save_pretrained(local, safe_serialization=True)
@@ -127,17 +176,24 @@ def save(
         py_version, py_state, py_gauss = random.getstate()
         meta.update({"round": round_, "python_rng": [py_version, list(py_state), py_gauss], "extra": extra or {}})
         (local / STATE_FILE).write_text(json.dumps(meta))
-        files = {}
-        for path in sorted(local.iterdir()):
-            if not path.is_file() or not ALLOWED_FILES.fullmatch(path.name):
-                continue
-            data = path.read_bytes()
-            storage.write_bytes(f"{folder}/{path.name}", data)
-            files[path.name] = {"size": len(data), "sha256": _sha256(data)}
-    manifest = {"kind": "checkpoint", "schema_version": 1, "node_id": node_id, "round": round_, "files": files}
-    storage.write_bytes(f"{folder}/{MANIFEST}", json.dumps(manifest, sort_keys=True).encode())
-    _prune(storage, layout, node_id, keep_last, keep=round_)
+        paths = [p for p in sorted(local.iterdir()) if p.is_file() and ALLOWED_FILES.fullmatch(p.name)]
+        files = {p.name: FileEntry(p.stat().st_size, _sha256_file(p)) for p in paths}
+        manifest = Manifest(node_id, run_id, round_, False, files)
+        storage.write_bytes(f"{folder}/{MANIFEST}", manifest.to_json())
+        for path in paths:
+            storage.write_bytes(f"{folder}/{path.name}", path.read_bytes())
+    storage.write_bytes(f"{folder}/{MANIFEST}", replace(manifest, complete=True).to_json())
+    _prune(storage, layout, node_id, keep_last, keep=round_, run_id=run_id)
     return folder
+
+
+def current_run(storage: Storage, layout: Layout) -> str | None:
+    """The run id of ``experiment.json``; None (with a WARNING) if it cannot be read or is not valid."""
+    try:
+        return decode(storage.read_bytes(layout.experiment_file, 64 * 1024), ExperimentRecord).run_id
+    except (OSError, ValueError, RecursionError) as exc:
+        logger.warning("checkpoints: the run of %s is unknown (%s)", layout.experiment_file, exc)
+        return None
 
 
 def _rounds(storage: Storage, layout: Layout, node_id: str) -> list[int]:
@@ -145,64 +201,126 @@ def _rounds(storage: Storage, layout: Layout, node_id: str) -> list[int]:
     return sorted(r for info in storage.list(base) if info.is_dir and (r := parse_round_dir(info.name)) is not None)
 
 
-def _prune(storage: Storage, layout: Layout, node_id: str, keep_last: int, keep: int) -> None:
+def _prune(
+    storage: Storage, layout: Layout, node_id: str, keep_last: int, keep: int, run_id: str | None = None
+) -> None:
     """Keep the checkpoint just written (``keep``) and the newest ``keep_last - 1`` whole ones before it.
 
-    Only folders older than ``keep`` are removed, and only whole checkpoints (a manifest that passes
-    its checks) count towards ``keep_last``: a save interrupted by a kill, or a folder someone else
-    planted, would otherwise take the place of a good checkpoint that a later restart needs.
+    Only folders older than ``keep`` are looked at, and only those whose manifest names this node, this run
+    (or none: schema 1) and the folder's round are removed, and of them only the files the manifest lists:
+    a folder someone else planted, another node's checkpoints (a name that collided by case), a folder
+    without a manifest are left, with a WARNING. Only whole checkpoints count towards ``keep_last``, so an
+    interrupted save never takes the place of a good checkpoint that a later restart needs.
     """
     older = [r for r in _rounds(storage, layout, node_id) if r < keep]
-    kept: set[int] = set()
-    for round_ in reversed(older):  # newest first; a manifest is read only until enough whole ones are found
-        if len(kept) >= keep_last - 1:
-            break
-        if _is_whole(storage, layout, node_id, round_):
-            kept.add(round_)
-    for round_ in older:
-        if round_ in kept:
-            continue
+    whole = 0
+    for round_ in reversed(older):  # newest first
         folder = layout.checkpoint_dir(node_id, round_)
-        names = [i.name for i in storage.list(folder, include_hidden=True)]
-        for name in sorted(names, key=lambda n: n == MANIFEST, reverse=True):  # manifest first: never half-valid
-            storage.delete(f"{folder}/{name}")
-        storage.remove_empty_dir(folder)
+        try:
+            manifest = _read_manifest(storage, folder, node_id, round_)
+            if manifest.run_id is not None and manifest.run_id != run_id:
+                raise CheckpointError(f"manifest is of run {manifest.run_id}, not {run_id}")
+        except (CheckpointError, OSError) as exc:
+            logger.warning("pruning: left %s alone: %s", folder, exc)
+            continue
+        if whole < keep_last - 1 and _is_loadable(manifest):
+            whole += 1
+            continue
+        try:
+            _remove(storage, folder, manifest)
+        except OSError as exc:
+            logger.warning("pruning: could not remove all of %s: %s", folder, exc)
 
 
-def _is_whole(storage: Storage, layout: Layout, node_id: str, round_: int) -> bool:
+def _remove(storage: Storage, folder: str, manifest: Manifest) -> None:
+    """Delete what ``manifest`` lists (and temporaries of those names), the manifest last, then the folder.
+
+    The manifest is first made incomplete, so a checkpoint half removed is never loaded and is still
+    provably this node's when pruning meets it again.
+    """
+    if manifest.complete:
+        storage.write_bytes(f"{folder}/{MANIFEST}", replace(manifest, complete=False).to_json())
+    names = set(manifest.files) | {MANIFEST}
+    for info in storage.list(folder, include_hidden=True):
+        if info.name != MANIFEST and (info.name in names or any(is_temp_of(info.name, n) for n in names)):
+            storage.delete(f"{folder}/{info.name}")
+    storage.delete(f"{folder}/{MANIFEST}")
+    if not storage.remove_empty_dir(folder):
+        logger.warning("pruning: left %s: it holds files its manifest does not list", folder)
+
+
+def _read_manifest(storage: Storage, folder: str, node_id: str, round_: int) -> Manifest:
+    """This node's manifest of this round; CheckpointError says why not (the caller checks the run)."""
     try:
-        _read_manifest(storage, layout.checkpoint_dir(node_id, round_), node_id, round_)
-    except (CheckpointError, OSError):
+        data = storage.read_bytes(f"{folder}/{MANIFEST}", MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
+        raise CheckpointError("no manifest (incomplete checkpoint)") from None
+    except OSError as exc:  # over the cap, a folder, a FIFO, a link
+        raise CheckpointError(f"manifest not read: {exc}") from None
+    manifest = parse_manifest(data)
+    if manifest.node_id != node_id or manifest.round != round_:
+        raise CheckpointError(
+            f"manifest does not describe this node's checkpoint of this round (it names node "
+            f"{manifest.node_id!r}, round {manifest.round})"
+        )
+    return manifest
+
+
+def parse_manifest(data: bytes) -> Manifest:
+    """``checkpoint.json`` parsed and checked; CheckpointError for anything else, whatever the bytes."""
+    try:
+        raw = json.loads(data)
+    except RecursionError:
+        raise CheckpointError("manifest is not JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer past Python's digit limit
+        raise CheckpointError(f"manifest is not JSON: {str(exc)[:200]}") from None
+    if not isinstance(raw, dict) or raw.get("kind") != "checkpoint":
+        raise CheckpointError("manifest is not an object of kind 'checkpoint'")
+    version = raw.get("schema_version")
+    if type(version) is not int or version not in (1, SCHEMA_VERSION):
+        raise CheckpointError(f"manifest schema_version {str(version)[:20]} is not supported (1 or 2)")
+    node_id, round_, files = raw.get("node_id"), raw.get("round"), raw.get("files")
+    run_id, complete = (raw.get("run_id"), raw.get("complete")) if version == SCHEMA_VERSION else (None, True)
+    if not isinstance(node_id, str) or type(round_) is not int or round_ < 0 or type(complete) is not bool:
+        raise CheckpointError("manifest has no valid node_id, round or complete")
+    if run_id is not None and not (isinstance(run_id, str) and _RUN_ID.fullmatch(run_id)):
+        raise CheckpointError("manifest has no valid run_id")
+    if not isinstance(files, dict) or len(files) > MAX_MANIFEST_FILES:
+        raise CheckpointError(f"manifest's files is not an object of at most {MAX_MANIFEST_FILES} entries")
+    return Manifest(node_id, run_id, round_, complete, {name: _entry(name, e) for name, e in files.items()})
+
+
+def _entry(name: str, entry: object) -> FileEntry:
+    if not ALLOWED_FILES.fullmatch(name):
+        raise CheckpointError(f"file {name[:100]!r} is not an allowed checkpoint file (safetensors and JSON only)")
+    size = entry.get("size") if isinstance(entry, dict) else None
+    sha = entry.get("sha256") if isinstance(entry, dict) else None
+    if type(size) is not int or not 0 <= size <= MAX_FILE_BYTES:
+        raise CheckpointError(f"file {name!r} has no valid size")
+    if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+        raise CheckpointError(f"file {name!r} has no valid sha256")
+    return FileEntry(size, sha)
+
+
+def _is_loadable(manifest: Manifest) -> bool:
+    try:
+        _check_loadable(manifest)
+    except CheckpointError:
         return False
     return True
 
 
-def _read_manifest(storage: Storage, folder: str, node_id: str, round_: int) -> dict[str, Any]:
-    try:
-        manifest = json.loads(storage.read_bytes(f"{folder}/{MANIFEST}", MAX_JSON_BYTES))
-    except FileNotFoundError:
-        raise CheckpointError("no manifest (incomplete checkpoint)") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"manifest is not JSON: {exc}") from None
-    if (
-        not isinstance(manifest, dict)
-        or manifest.get("kind") != "checkpoint"
-        or manifest.get("round") != round_
-        or manifest.get("node_id") != node_id
-        or not isinstance(manifest.get("files"), dict)
-    ):
-        raise CheckpointError("manifest does not describe this node's checkpoint of this round")
-    for name, entry in manifest["files"].items():
-        if not isinstance(name, str) or not ALLOWED_FILES.fullmatch(name):
-            raise CheckpointError(f"file {name!r} is not an allowed checkpoint file (safetensors and JSON only)")
-        if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or entry["size"] > MAX_FILE_BYTES:
-            raise CheckpointError(f"file {name!r} has no valid size")
-    if OPTIMIZER_FILE not in manifest["files"] or STATE_FILE not in manifest["files"]:
+def _check_loadable(manifest: Manifest, run_id: str | None = None) -> None:
+    """A whole checkpoint of ``run_id`` (any run if None): complete, with a model and a training state."""
+    if run_id is not None and manifest.run_id is not None and manifest.run_id != run_id:
+        raise CheckpointError(f"manifest is of run {manifest.run_id}, not this experiment's ({run_id})")
+    if not manifest.complete:
+        raise CheckpointError("an interrupted save (manifest complete: false)")
+    names = set(manifest.files)
+    if OPTIMIZER_FILE not in names or STATE_FILE not in names:
         raise CheckpointError("manifest lacks the optimizer or trainer state")
-    names = set(manifest["files"])
     if "config.json" not in names or not ({"model.safetensors", "model.safetensors.index.json"} & names):
         raise CheckpointError("manifest lacks the model (config.json and model safetensors)")
-    return manifest
 
 
 def load_latest(
@@ -212,6 +330,7 @@ def load_latest(
 
     A checkpoint that fails any check is skipped with a logged reason and the next older one is tried.
     """
+    run_id = current_run(storage, layout)
     for round_ in reversed(_rounds(storage, layout, node_id)):
         if before is not None and round_ >= before:
             continue
@@ -219,13 +338,14 @@ def load_latest(
         target = into / f"round_{round_}"
         try:
             manifest = _read_manifest(storage, folder, node_id, round_)
+            _check_loadable(manifest, run_id)
             target.mkdir(parents=True, exist_ok=True)
-            for name, entry in manifest["files"].items():
-                data = storage.read_bytes(f"{folder}/{name}", entry["size"])
-                if len(data) != entry["size"] or _sha256(data) != entry.get("sha256"):
+            for name, entry in manifest.files.items():
+                data = storage.read_bytes(f"{folder}/{name}", entry.size)
+                if len(data) != entry.size or _sha256(data) != entry.sha256:
                     raise CheckpointError(f"{name} does not match the manifest (size or sha256)")
                 (target / name).write_bytes(data)
-        except (CheckpointError, FileNotFoundError, OSError) as exc:
+        except (CheckpointError, OSError) as exc:
             logger.warning("skipping checkpoint %s: %s", folder, exc)
             continue
         return Restored(round_, target)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import swarm_gdrive
 from swarm_gdrive.procs import NodeProcess, stop_all
 from swarm_gdrive.protocol.layout import Layout, parse_round_dir
 from swarm_gdrive.protocol.records import (
@@ -30,6 +31,9 @@ from swarm_gdrive.storage import LocalStorage
 from swarm_gdrive.storage.base import is_temporary
 
 HOOK_DIR = Path(__file__).resolve().parent / "hook"
+#: The folder holding the swarm_gdrive these tests imported: nodes must run the same code (a worktree's, under
+#: PYTHONPATH), not whichever copy is installed.
+PACKAGE_ROOT = Path(swarm_gdrive.__file__).resolve().parent.parent
 TESTS_DIR = Path(__file__).resolve().parent.parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
@@ -59,7 +63,7 @@ def swarm_env(folder: Path, **extra: object) -> dict[str, str]:
         SYNTHETIC_STEP_SECONDS=0.3,
         # The hook imports swarm_gdrive while the interpreter starts, before the working directory is on sys.path:
         # without this checkout named here, a node with the hook on would run whichever swarm_gdrive is installed.
-        PYTHONPATH=os.pathsep.join([str(HOOK_DIR), str(TESTS_DIR.parent)]),
+        PYTHONPATH=os.pathsep.join([str(HOOK_DIR), str(PACKAGE_ROOT)]),
     )
     return {**env, **{k: str(v) for k, v in extra.items()}}
 

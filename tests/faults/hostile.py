@@ -158,7 +158,7 @@ def plant_rollouts(folder: Path, layout: Layout, run_id: str, round_: int, seed:
         plant(folder, at("schema"), json.dumps(schema).encode()): "schema: ",
         plant(folder, at("flood"), json.dumps(flood).encode()): "completions: List should have at most 64 items",
         plant(folder, at("pathy"), json.dumps(pathy).encode()): "schema: node_id: String should match pattern",
-        plant(folder, at("linkdir"), link=str(folder)): "a folder, not a regular file",
+        plant(folder, at("linkdir"), link=str(folder)): "a symbolic link, not a regular file",
         plant(folder, at("fifo"), fifo=True): "a FIFO, not a regular file",
         plant(folder, at("stately"), encode(state_record(run_id))): "kind is 'state', expected 'rollouts'",
     }

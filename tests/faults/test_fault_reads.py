@@ -1,4 +1,5 @@
-"""Names in the folder that are not regular files: a reader refuses them at once instead of hanging or crashing."""
+"""Names in the folder that are not regular files (a FIFO, links to a folder and to a device): a reader refuses them
+at once instead of hanging, crashing or following the link."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ def planted(tmp_path):
     folder = tmp_path / LAYOUT.rollouts_stage_dir(0, 0)
     folder.mkdir(parents=True)
     os.mkfifo(folder / "fifo.json")  # opening it for reading would block until a writer came
-    os.symlink(tmp_path, folder / "link.json")  # a link to a folder: open() raises IsADirectoryError
-    os.symlink("/dev/zero", folder / "zero.json")  # endless, and its size says 0
+    os.symlink(tmp_path, folder / "link.json")  # a link to a folder: never followed
+    os.symlink("/dev/zero", folder / "zero.json")  # a link to a device (endless, its size says 0): never followed
     return tmp_path
 
 
@@ -46,7 +47,7 @@ def within(seconds: float, fn, *args):
 
 def test_a_fifo_a_link_to_a_folder_and_a_device_are_refused_at_once(planted):
     storage = LocalStorage(planted, retry_attempts=8)
-    for name, what in (("fifo", "a FIFO"), ("link", "a folder"), ("zero", "a device")):
+    for name, what in (("fifo", "a FIFO"), ("link", "a symbolic link"), ("zero", "a symbolic link")):
         started = time.monotonic()
         error = within(10, storage.read_bytes, LAYOUT.rollout_file(0, 0, name))
         assert isinstance(error, NotRegularFileError) and what in str(error), error
@@ -59,8 +60,8 @@ def test_the_exchange_rejects_them_with_a_reason_and_goes_on(planted):
     assert within(10, exchange.read_rollouts, 0, 0) == {}
     assert rejected == {
         LAYOUT.rollout_file(0, 0, "fifo"): "a FIFO, not a regular file",
-        LAYOUT.rollout_file(0, 0, "link"): "a folder, not a regular file",
-        LAYOUT.rollout_file(0, 0, "zero"): "a device, not a regular file",
+        LAYOUT.rollout_file(0, 0, "link"): "a symbolic link, not a regular file",
+        LAYOUT.rollout_file(0, 0, "zero"): "a symbolic link, not a regular file",
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
 import time
 from pathlib import Path
@@ -13,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 from faultkit import (
+    HOOK_DIR,
     LAYOUT,
+    PACKAGE_ROOT,
     Swarm,
     Watcher,
     events,
@@ -61,7 +64,7 @@ def test_a_worker_killed_mid_checkpoint_resumes_from_its_last_whole_one_and_trus
     marker, spy, pwned = tmp_path / "marker", tmp_path / "spy", tmp_path / "pwned"
     env = {
         **_env(folder, model_dir),
-        "PYTHONPATH": str(Path(__file__).resolve().parent / "hook"),
+        "PYTHONPATH": os.pathsep.join([str(HOOK_DIR), str(PACKAGE_ROOT)]),  # the package under test
     }
     watch = {"spy": str(spy), "grpo": True}
     extra = {"w1": faults(**watch, park={"point": "checkpoint", "round": 2, "dir": str(marker)})}
@@ -96,7 +99,8 @@ def test_a_worker_killed_mid_checkpoint_resumes_from_its_last_whole_one_and_trus
     # The planted checkpoints were refused, each with its reason; the half-written one was skipped too.
     assert "skipping checkpoint experiments/faults/checkpoints/w1/round_4: file 'model.bin' is not an allowed" in output
     assert "checkpoint of round 5 does not load" in output
-    assert "skipping checkpoint experiments/faults/checkpoints/w1/round_2: no manifest (incomplete" in output
+    # The save killed mid-way had written its manifest first, marked incomplete.
+    assert "skipping checkpoint experiments/faults/checkpoints/w1/round_2: an interrupted save" in output
 
     # It resumed from round 1's checkpoint, the last whole one: exactly those weights, then the next round.
     (resumed,) = [e for e in events(folder, "w1") if e.event == "resumed_from_checkpoint"]

@@ -27,13 +27,13 @@ SAPO = {"worker-1": [0.3, 0.3, 0.3], "worker-2": [0.2, 0.4, 0.6], "worker-3": [0
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
     storage = LocalStorage(tmp_path)
-    write_experiment(storage, "t-I4-J0", BASE, {("worker-1", 0): 0.5, ("worker-1", 3): 0.75})
-    write_experiment(storage, "t-I2-J2", SAPO)
+    write_experiment(storage, "t-i4-j0", BASE, {("worker-1", 0): 0.5, ("worker-1", 3): 0.75})
+    write_experiment(storage, "t-i2-j2", SAPO)
     return tmp_path
 
 
 def test_summary_sums_each_workers_per_round_reward(folder: Path) -> None:
-    s = learning.summarise(folder, "t-I4-J0")
+    s = learning.summarise(folder, "t-i4-j0")
     assert s["rounds_completed"] == 3
     assert s["cumulative"] == pytest.approx({"worker-1": 0.6, "worker-2": 0.5, "worker-3": 0.6})
     assert s["cumulative_mean"] == pytest.approx(1.7 / 3)
@@ -42,11 +42,11 @@ def test_summary_sums_each_workers_per_round_reward(folder: Path) -> None:
     assert s["per_round"]["worker-2"] == pytest.approx([0.0, 0.0, 0.5])
     assert (s["eval_pass1_first"], s["eval_pass1_last"]) == pytest.approx((0.5, 0.75))
     assert (s["first_third_mean"], s["last_third_mean"]) == pytest.approx((0.1, (0.3 + 0.5 + 0.2) / 3))
-    assert learning.summarise(folder, "t-I4-J0", rounds=2)["cumulative"]["worker-2"] == pytest.approx(0.0)
+    assert learning.summarise(folder, "t-i4-j0", rounds=2)["cumulative"]["worker-2"] == pytest.approx(0.0)
 
 
 NAMES = ["I4-J0", "I2-J2"]
-EXPERIMENTS = {n: f"t-{n}" for n in NAMES}
+EXPERIMENTS = {n: f"t-{n}".lower() for n in NAMES}
 
 
 def study(configurations: dict) -> dict:
@@ -94,10 +94,10 @@ def write_rollouts(folder: Path, experiment: str, node: str, round_: int, groups
 
 def test_the_same_questions_are_compared_from_the_rollout_files(folder: Path) -> None:
     base = [("1+1", [1.0, 0.0]), ("2+2", [0.0, 0.0]), ("3+3", [1.0, 1.0]), ("4+4", [1.0, 1.0])]
-    write_rollouts(folder, "t-I4-J0", "worker-1", 0, base)
-    write_rollouts(folder, "t-I4-J0", "worker-1", 1, base)
-    write_rollouts(folder, "t-I2-J2", "worker-1", 0, [("1+1", [1.0, 1.0]), ("2+2", [1.0, 0.0])])
-    write_rollouts(folder, "t-I2-J2", "worker-1", 1, [("1+1", [0.0, 0.0]), ("5+5", [1.0, 0.0])])
+    write_rollouts(folder, "t-i4-j0", "worker-1", 0, base)
+    write_rollouts(folder, "t-i4-j0", "worker-1", 1, base)
+    write_rollouts(folder, "t-i2-j2", "worker-1", 0, [("1+1", [1.0, 1.0]), ("2+2", [1.0, 0.0])])
+    write_rollouts(folder, "t-i2-j2", "worker-1", 1, [("1+1", [0.0, 0.0]), ("5+5", [1.0, 0.0])])
     m = learning.matched(folder, EXPERIMENTS, "I4-J0", k=2, rounds=2)
     assert m["configurations"]["I4-J0"]["cumulative"] == pytest.approx({"worker-1": 0.5})  # 0.25 a round
     sapo = m["configurations"]["I2-J2"]
@@ -113,7 +113,7 @@ def test_study_files_state_the_ratio_against_the_baseline(folder: Path, tmp_path
     assert [f.suffix for f in files] == [".json", ".md", ".png"] and files[2].stat().st_size > 0
     saved = json.loads(files[0].read_text())
     assert saved["partial"] is False
-    sapo = next(c for c in saved["comparison"] if c["experiment"] == "t-I2-J2")
+    sapo = next(c for c in saved["comparison"] if c["experiment"] == "t-i2-j2")
     assert sapo["difference"] == pytest.approx(2.7 / 3 - 1.7 / 3)
     page = files[1].read_text()
     assert "| I2-J2 | finished | 3 | 3 | 0.900 | 1.200 | 0.600 | 0.900 ± 0.300 |" in page  # per worker
@@ -129,8 +129,8 @@ def test_partial_when_a_configuration_is_missing(folder: Path, tmp_path_factory)
 
 def test_a_run_stopped_early_is_compared_over_the_rounds_both_completed(tmp_path: Path, tmp_path_factory) -> None:
     storage = LocalStorage(tmp_path)
-    write_experiment(storage, "t-I4-J0", BASE)
-    write_experiment(storage, "t-I2-J2", {node: rewards[:2] for node, rewards in SAPO.items()})
+    write_experiment(storage, "t-i4-j0", BASE)
+    write_experiment(storage, "t-i2-j2", {node: rewards[:2] for node, rewards in SAPO.items()})
     confs = {n: finished(tmp_path, n) for n in NAMES}
     confs["I2-J2"]["status"] = "partial"
     files = learning.save_study(study(confs), NAMES, EXPERIMENTS, tmp_path, tmp_path_factory.mktemp("r"))

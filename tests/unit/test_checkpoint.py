@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import pickle
 import random
 import shutil
@@ -114,13 +115,16 @@ class RecordingStorage(LocalStorage):
         super().__init__(root)
         self.writes: list[str] = []
         self.deletes: list[str] = []
+        self.events: list[tuple[str, str]] = []
 
     def write_bytes(self, path: str, data: bytes) -> None:
         self.writes.append(path)
+        self.events.append(("write", path))
         super().write_bytes(path, data)
 
     def delete(self, path: str) -> None:
         self.deletes.append(path)
+        self.events.append(("delete", path))
         super().delete(path)
 
 
@@ -173,11 +177,12 @@ def test_save_writes_only_allowed_files_with_a_manifest_written_last(tmp_path: P
     model, tokenizer, optimizer = load(tiny_folder)
     train_step(model, optimizer, seed=0)
     folder = checkpoint.save(storage, LAYOUT, NODE, 0, model, tokenizer, optimizer)
-    assert storage.writes[-1] == f"{folder}/{MANIFEST}"
+    assert storage.writes[0] == storage.writes[-1] == f"{folder}/{MANIFEST}"  # incomplete first, complete last
     manifest = read_manifest(tmp_path, 0)
     assert manifest["kind"] == "checkpoint"
     assert manifest["node_id"] == NODE
     assert manifest["round"] == 0
+    assert (manifest["schema_version"], manifest["complete"], manifest["run_id"]) == (2, True, None)  # no run here
     names = set(manifest["files"])
     assert {"config.json", "model.safetensors", "tokenizer.json", OPTIMIZER_FILE, STATE_FILE} <= names
     on_disk = {p.name for p in ckpt_path(tmp_path, 0).iterdir()}
@@ -233,10 +238,12 @@ def test_keep_last_prunes_older_checkpoints_manifest_first(tmp_path: Path, tiny_
         checkpoint.save(storage, LAYOUT, NODE, round_, model, tokenizer, optimizer, keep_last=2)
     base = ckpt_path(tmp_path, 0).parent
     assert sorted(p.name for p in base.iterdir()) == ["round_3", "round_4"]
-    for round_ in (0, 1, 2):  # each pruned checkpoint lost its manifest before any other file
+    for round_ in (0, 1, 2):  # each pruned checkpoint was made incomplete before any file went, its manifest last
         folder = LAYOUT.checkpoint_dir(NODE, round_)
         mine = [d for d in storage.deletes if d.startswith(f"{folder}/")]
-        assert mine and mine[0] == f"{folder}/{MANIFEST}"
+        assert mine and mine[-1] == f"{folder}/{MANIFEST}" and len(mine) == len(set(mine))
+        first_delete = storage.events.index(("delete", mine[0]))
+        assert ("write", f"{folder}/{MANIFEST}") in storage.events[first_delete - 1 : first_delete]
     restored = load_latest(storage, LAYOUT, NODE, tmp_path / "restore")
     assert restored is not None and restored.round == 4
 
@@ -336,10 +343,22 @@ def _bad_size(size: Any) -> Callable[[Path], None]:
     return tamper
 
 
+def _manifest_is(kind: str) -> Callable[[Path], None]:
+    def tamper(root: Path) -> None:
+        path = ckpt_path(root, 2) / MANIFEST
+        path.unlink()
+        path.mkdir() if kind == "folder" else os.mkfifo(path)
+
+    return tamper
+
+
 NOT_ALLOWED = "is not an allowed checkpoint file"
 MISMATCH = "does not match the manifest"
 NOT_THIS = "does not describe this node's checkpoint of this round"
+NOT_KIND = "manifest is not an object of kind 'checkpoint'"
+NOT_FILES = "manifest's files is not an object"
 NOT_JSON = "manifest is not JSON"
+HUGE = b'{"kind": "checkpoint", "schema_version": 2, "round": 1' + b"0" * 5000 + b"}"
 LACKS = "lacks the optimizer or trainer state"
 #: How a checkpoint of round 2 is spoiled, and the reason load_latest must log for skipping it.
 TAMPERINGS: dict[str, tuple[Callable[[Path], None], str]] = {
@@ -356,18 +375,30 @@ TAMPERINGS: dict[str, tuple[Callable[[Path], None], str]] = {
     "a listed file is missing": (_delete_file, "No such file"),
     "another node's manifest": (_edit_manifest(node_id="node-b"), NOT_THIS),
     "another round's manifest": (_edit_manifest(round=1), NOT_THIS),
-    "not a checkpoint manifest": (_edit_manifest(kind="rollout"), NOT_THIS),
-    "files is not a dict": (_edit_manifest(files=["model.safetensors"]), NOT_THIS),
-    "manifest without files": (_edit_manifest(files=None), NOT_THIS),
+    "not a checkpoint manifest": (_edit_manifest(kind="rollout"), NOT_KIND),
+    "files is not a dict": (_edit_manifest(files=["model.safetensors"]), NOT_FILES),
+    "manifest without files": (_edit_manifest(files=None), NOT_FILES),
     "manifest not JSON": (_manifest_bytes(b'{"kind": "checkpoint", '), NOT_JSON),
     "manifest not UTF-8": (_manifest_bytes(b"\xff\xfe\xfa\x00garbage"), NOT_JSON),
-    "manifest is a list": (_manifest_bytes(b"[]"), NOT_THIS),
+    "manifest is a list": (_manifest_bytes(b"[]"), NOT_KIND),
+    "manifest nested 100,000 deep": (_manifest_bytes(b"[" * 100_000 + b"]" * 100_000), NOT_JSON),
+    "manifest with a 5,000-digit integer": (_manifest_bytes(HUGE), NOT_JSON),
+    "manifest over 1 MiB": (_manifest_bytes(b" " * (2 << 20) + b"{}"), "exceeds the 1048576-byte cap"),
+    "manifest is a folder": (_manifest_is("folder"), "a folder, not a regular file"),
+    "manifest is a FIFO": (_manifest_is("fifo"), "a FIFO, not a regular file"),
+    "round is a boolean": (_edit_manifest(round=True), "no valid node_id, round or complete"),
+    "schema version 3": (_edit_manifest(schema_version=3), "schema_version 3 is not supported"),
+    "an interrupted save": (_edit_manifest(complete=False), "an interrupted save"),
+    "complete is a string": (_edit_manifest(complete="yes"), "no valid node_id, round or complete"),
+    "run id is not hex": (_edit_manifest(run_id="../x"), "no valid run_id"),
+    "sha256 is not hex": (_edit_manifest(files={"config.json": {"size": 1, "sha256": 5}}), "no valid sha256"),
     "manifest lacks the optimizer": (_drop_from_manifest(OPTIMIZER_FILE), LACKS),
     "manifest lacks the trainer state": (_drop_from_manifest(STATE_FILE), LACKS),
     "manifest lacks the model weights": (_drop_from_manifest("model.safetensors"), "lacks the model"),
     "manifest lacks the model config": (_drop_from_manifest("config.json"), "lacks the model"),
     "size is a string": (_bad_size("12"), "no valid size"),
-    "size is negative": (_bad_size(-1), "exceeds"),
+    "size is negative": (_bad_size(-1), "no valid size"),
+    "size is a boolean": (_bad_size(True), "no valid size"),
     "size is too large": (_bad_size(checkpoint.MAX_FILE_BYTES + 1), "no valid size"),
 }
 

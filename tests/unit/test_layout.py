@@ -118,9 +118,38 @@ def test_bool_round_rejected(layout: Layout) -> None:
 # -- names -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["a", "A", "0", "worker-1", "node_2.b", "x" * 64, "coordinator-abc123", "a..b"])
+@pytest.mark.parametrize(
+    "name", ["a", "0", "worker-1", "node_2.b", "x" * 64, "coordinator-abc123", "a..b", "console", "com10", "nul-1"]
+)
 def test_validate_name_accepts(name: str) -> None:
     assert validate_name(name) == name
+
+
+@pytest.mark.parametrize(
+    ("name", "fix"),
+    [
+        ("A", "use lowercase, e.g. 'a'"),
+        ("Worker-1", "use lowercase, e.g. 'worker-1'"),
+        ("w.", "do not end it with '.': Windows drops a trailing dot, which makes it 'w'"),
+        ("con", "Windows reserves con, prn, aux, nul, com0-com9 and lpt0-lpt9"),
+        ("nul.json", "Windows reserves"),
+        ("com1", "Windows reserves"),
+        ("lpt9.x.y", "Windows reserves"),
+        ("aux", "e.g. 'n-aux'"),
+    ],
+)
+def test_validate_name_refuses_names_that_are_not_portable(name: str, fix: str) -> None:
+    """Names that differ only in case are one file on Drive for desktop (macOS, Windows); Windows reserves
+    device names and drops a trailing dot. The message names the variable, the value and the fix."""
+    with pytest.raises(InvalidNameError) as info:
+        validate_name(name, what="NODE_ID")
+    assert str(info.value).startswith(f"NODE_ID={name!r}: ") and fix in info.value.fix
+
+
+def test_uppercase_is_allowed_only_where_asked() -> None:
+    assert validate_name("20240101T000000Z", "reset stamp", lowercase=False) == "20240101T000000Z"
+    with pytest.raises(InvalidNameError):
+        validate_name("Con", lowercase=False)  # reserved in any case
 
 
 @pytest.mark.parametrize(
@@ -225,6 +254,8 @@ def test_parsed_dirs_round_trip(layout: Layout) -> None:
         ("x.tmp.json", None),
         ("worker-1", None),
         ("a b.json", None),
+        ("W1.json", None),
+        ("con.json", None),
     ],
 )
 def test_node_id_from_filename(name: str, expected: str | None) -> None:

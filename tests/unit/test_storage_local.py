@@ -72,9 +72,14 @@ def test_write_leaves_no_temporary(storage: LocalStorage, tmp_path: Path) -> Non
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["x.json"]
 
 
+def opening(name: str) -> Callable[..., bool]:
+    """``failing_first``'s filter for the os.open calls of one name (each component is opened on its own)."""
+    return lambda path, *a, **k: path == name
+
+
 def test_read_missing_raises_not_found_without_retry(storage: LocalStorage, monkeypatch: pytest.MonkeyPatch) -> None:
-    wrapper, calls = failing_first(open, [])
-    monkeypatch.setattr(local_module, "open", wrapper, raising=False)
+    wrapper, calls = failing_first(os.open, [], when=opening("nope"))
+    monkeypatch.setattr(local_module.os, "open", wrapper)
     with pytest.raises(FileNotFoundError):
         storage.read_bytes("nope/missing.json")
     assert calls[0] == 1
@@ -82,8 +87,8 @@ def test_read_missing_raises_not_found_without_retry(storage: LocalStorage, monk
 
 def test_read_over_cap_raises_without_retry(storage: LocalStorage, monkeypatch: pytest.MonkeyPatch) -> None:
     storage.write_bytes("big.json", b"x" * 100)
-    wrapper, calls = failing_first(open, [])
-    monkeypatch.setattr(local_module, "open", wrapper, raising=False)
+    wrapper, calls = failing_first(os.open, [], when=opening("big.json"))
+    monkeypatch.setattr(local_module.os, "open", wrapper)
     with pytest.raises(FileTooLargeError) as info:
         storage.read_bytes("big.json", max_bytes=99)
     assert str(info.value) == "big.json: 100 bytes exceeds the 99-byte cap for this file"
@@ -264,7 +269,7 @@ def test_write_is_atomic_for_a_concurrent_reader(storage: LocalStorage, tmp_path
 def test_failed_write_keeps_old_content(storage: LocalStorage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     storage.write_bytes("d/x.json", b"old")
 
-    def refuse(src: object, dst: object) -> None:
+    def refuse(src: object, dst: object, **dir_fds: int) -> None:
         raise PermissionError(errno.EACCES, "Permission denied")
 
     monkeypatch.setattr(local_module.os, "replace", refuse)
@@ -283,8 +288,8 @@ def test_transient_read_errors_are_retried(
 ) -> None:
     storage.write_bytes("x.json", b"ok")
     errors = [OSError(errno.EIO, "Input/output error"), OSError(errno.ENOTCONN, "Transport endpoint is not connected")]
-    wrapper, calls = failing_first(open, errors)
-    monkeypatch.setattr(local_module, "open", wrapper, raising=False)
+    wrapper, calls = failing_first(os.open, errors, when=opening("x.json"))
+    monkeypatch.setattr(local_module.os, "open", wrapper)
     with caplog.at_level(logging.WARNING, logger="swarm_gdrive.storage.base"):
         assert storage.read_bytes("x.json") == b"ok"
     assert calls[0] == 3
@@ -334,8 +339,8 @@ def test_transient_list_and_append_errors_are_retried(storage: LocalStorage, mon
 def test_transient_errors_give_up_after_the_attempts(storage: LocalStorage, monkeypatch: pytest.MonkeyPatch) -> None:
     storage.write_bytes("x.json", b"ok")
     errors = [OSError(errno.EIO, f"Input/output error #{i}") for i in range(10)]
-    wrapper, calls = failing_first(open, errors)
-    monkeypatch.setattr(local_module, "open", wrapper, raising=False)
+    wrapper, calls = failing_first(os.open, errors, when=opening("x.json"))
+    monkeypatch.setattr(local_module.os, "open", wrapper)
     with pytest.raises(OSError) as info:
         storage.read_bytes("x.json")
     assert info.value.errno == errno.EIO
@@ -345,8 +350,9 @@ def test_transient_errors_give_up_after_the_attempts(storage: LocalStorage, monk
 
 def test_non_transient_error_raised_at_once(storage: LocalStorage, monkeypatch: pytest.MonkeyPatch) -> None:
     storage.write_bytes("x.json", b"ok")
-    wrapper, calls = failing_first(open, [PermissionError(errno.EACCES, "Permission denied")])
-    monkeypatch.setattr(local_module, "open", wrapper, raising=False)
+    denied = PermissionError(errno.EACCES, "Permission denied")
+    wrapper, calls = failing_first(os.open, [denied], when=opening("x.json"))
+    monkeypatch.setattr(local_module.os, "open", wrapper)
     with pytest.raises(PermissionError) as info:
         storage.read_bytes("x.json")
     assert info.value.errno == errno.EACCES
