@@ -247,7 +247,7 @@ def test_cleanup_deletes_only_this_nodes_batches_even_when_names_collide_by_case
     assert "node_id 'W1' inside does not match the file name" in rejected[LAYOUT.rollout_file(0, 0, "w1")]
 
 
-def test_cleanup_pruning_and_readers_skip_type_confusion_and_say_so(tmp_path):
+def test_cleanup_pruning_and_readers_skip_type_confusion_and_say_so(tmp_path, caplog):
     folder = tmp_path
     storage = LocalStorage(folder, retry_attempts=2, retry_max_wait=0.01)
     run_id = "0123456789abcdef"
@@ -257,7 +257,7 @@ def test_cleanup_pruning_and_readers_skip_type_confusion_and_say_so(tmp_path):
     plant(folder, f"{LAYOUT.rollouts_dir}/round_1x", b"")  # not a round name: ignored
     plant(folder, LAYOUT.rollouts_round_dir(3), b"x")  # a file where a round folder belongs
     plant(folder, f"{LAYOUT.rollouts_round_dir(0)}/stage_9", fifo=True)
-    plant(folder, f"{LAYOUT.archive_root}/rollouts/round_1", b"x")  # blocks archiving round 1
+    plant(folder, f"{LAYOUT.archive_root}/rollouts/round_1", b"x")  # in the way of archiving round 1: cleared
     plant(folder, f"{LAYOUT.peers_dir}/.w1.json.0123456789ab.tmp", directory=True)  # a temporary's name, a folder
     plant(folder, LAYOUT.state_dir, b"x")  # a file where the state folder belongs
     plant(folder, LAYOUT.experiment_file, directory=True)
@@ -266,17 +266,21 @@ def test_cleanup_pruning_and_readers_skip_type_confusion_and_say_so(tmp_path):
 
     assert exchange.read_experiment() is None and exchange.read_state() is None
     assert exchange.remove_own_temporaries([LAYOUT.peer_file("w1")]) == 0
-    assert exchange.cleanup_rollouts(current_round=2, keep_last=1, archive=True) == 1  # round 0 archived, 1 blocked
+    # rounds 0 and 1 archived: the file in the way of the node's own archive path is removed (storage/local.py)
+    assert exchange.cleanup_rollouts(current_round=2, keep_last=1, archive=True) == 2
     assert (folder / LAYOUT.archived_rollout_file(0, 0, "w1")).is_file()
-    assert (folder / LAYOUT.rollout_file(1, 0, "w1")).is_file()
-    assert exchange.remove_empty_rollout_dirs(before_round=3) == 1  # round 0's emptied stage_0, nothing else
+    assert (folder / LAYOUT.archived_rollout_file(1, 0, "w1")).is_file()
+    assert not (folder / LAYOUT.rollout_file(1, 0, "w1")).exists()
+    # round 0's emptied stage_0 (its stage_1 holds the planted folder, its stage_9 is a FIFO), round 1's stage_0
+    # and then round_1 itself
+    assert exchange.remove_empty_rollout_dirs(before_round=3) == 3
     not_a_folder = "not a folder (a file, FIFO, device or link where a folder belongs)"
     assert rejected == {
         LAYOUT.experiment_file: "a folder, not a regular file",
-        LAYOUT.state_file: "a file where a folder of its path belongs",
         LAYOUT.rollouts_round_dir(3): not_a_folder,
         LAYOUT.rollout_file(0, 1, "w1"): "a folder, not a regular file",
         f"{LAYOUT.rollouts_round_dir(0)}/stage_9": not_a_folder,
-        LAYOUT.rollout_file(1, 0, "w1"): "not archived: a file where a folder of its path belongs",
     }
+    # the state under a file where the state folder belongs: the local backend reads nothing under it and says so
+    assert any(f"{LAYOUT.state_dir} is a file where a folder belongs" in r.getMessage() for r in caplog.records)
     assert exchange.cleanup_rollouts(current_round=2, keep_last=1, archive=True) == 0  # tried again, said once

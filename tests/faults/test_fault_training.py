@@ -28,6 +28,7 @@ from faultkit import (
     rewards_present,
     wait_until,
 )
+from hostile import stopped_worker
 from safetensors.torch import load_file
 
 from swarm_gdrive.protocol.records import ExperimentRecord, Provenance, RolloutBatch, RolloutGroup, encode
@@ -75,6 +76,10 @@ def test_a_worker_killed_mid_checkpoint_resumes_from_its_last_whole_one_and_trus
         swarm.start("coord")
         wait_until((folder / LAYOUT.experiment_file).exists, 60, "experiment.json", swarm.procs)
         run_id = read_record(folder, LAYOUT.experiment_file, ExperimentRecord).run_id
+        # The forger registers as a worker of this run (a gather reads only registered workers' batches) that has
+        # stopped (so the coordinator does not wait for it), then publishes its batches.
+        (folder / LAYOUT.peer_file("forger")).parent.mkdir(parents=True, exist_ok=True)
+        (folder / LAYOUT.peer_file("forger")).write_bytes(encode(stopped_worker("forger", run_id)))
         for round_ in range(ROUNDS):
             rel = LAYOUT.rollout_file(round_, 0, "forger")
             (folder / rel).parent.mkdir(parents=True, exist_ok=True)
