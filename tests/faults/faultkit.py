@@ -4,6 +4,7 @@ that watches the folder for partial files while the swarm runs, and the checks e
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -30,6 +31,7 @@ from swarm_gdrive.storage.base import is_temporary
 
 HOOK_DIR = Path(__file__).resolve().parent / "hook"
 TESTS_DIR = Path(__file__).resolve().parent.parent
+REPO_DIR = TESTS_DIR.parent  # on the nodes' PYTHONPATH: they run this checkout's package, not an installed one
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
@@ -56,7 +58,7 @@ def swarm_env(folder: Path, **extra: object) -> dict[str, str]:
         COORDINATOR_ROUND_INTERVAL=60,
         COORDINATOR_WAIT_TIMEOUT=120,
         SYNTHETIC_STEP_SECONDS=0.3,
-        PYTHONPATH=str(HOOK_DIR),
+        PYTHONPATH=os.pathsep.join([str(HOOK_DIR), str(REPO_DIR)]),
     )
     return {**env, **{k: str(v) for k, v in extra.items()}}
 
