@@ -63,6 +63,7 @@ class Worker:
         self.heartbeat: Heartbeat | None = None
         self.experiment: ExperimentRecord | None = None
         self.states: StateFollower | None = None
+        self._twin: str | None = None  # set when this process stepped down for another one with its NODE_ID
         self._backend_mark: dict[str, int] = {}
         self._state_backoff = Backoff(config.poll_interval_min, config.poll_interval_max)
         self._gather_backoff = Backoff(config.poll_interval_min, min(config.poll_interval_max, 2.0))
@@ -76,12 +77,22 @@ class Worker:
         """0 when finished or stopped; 3 when it had to give up."""
         try:
             run_id = self._join()
-            self.heartbeat = Heartbeat(self.exchange, "worker", run_id, self.config.heartbeat_interval)
+            self.heartbeat = Heartbeat(
+                self.exchange,
+                "worker",
+                run_id,
+                self.config.heartbeat_interval,
+                quiet_s=self.config.sync_lag,
+                on_twin=self._on_twin,
+            )
             self.heartbeat.start()
             self.log.event("worker_started", f"joined run {run_id}", run_id=run_id)
             self._rounds()
             return EXIT_OK
         except Stopped:
+            if self._twin is not None:
+                self.log.event("worker_gave_up", self._twin, level="error")
+                return EXIT_GAVE_UP
             self.log.event("worker_stopped", "stopped on request")
             return EXIT_OK
         except RunChangedError as exc:
@@ -94,8 +105,8 @@ class Worker:
             logger.error("%s", exc)
             return EXIT_GAVE_UP
         finally:
-            if self.heartbeat is not None:
-                self.heartbeat.stop()
+            if self.heartbeat is not None:  # one that stepped down leaves the peer file to the other process
+                self.heartbeat.stop(mark_stopped=self._twin is None)
             self.log.flush()
             self.workload.close()
 
@@ -125,6 +136,13 @@ class Worker:
             return last
         logger.warning("ignoring last_round %r in %s: not a round number", last, self.identity.path)
         return None
+
+    def _on_twin(self, message: str, step_down: bool) -> None:
+        """The heartbeat saw another live process writing this node's peer file (called from its thread)."""
+        self.log.event("node_id_conflict", message, level="error")
+        if step_down:
+            self._twin = message
+            self.stop.set()
 
     def _refuse_other_settings(self, experiment_config: dict) -> None:
         """Refuse to join an experiment defined with other settings: its groups, rewards and model would

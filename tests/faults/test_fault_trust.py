@@ -157,3 +157,52 @@ def test_a_worker_whose_local_record_says_a_round_never_opened_goes_on_with_the_
     (back,) = [e for e in events(folder, "w1") if e.event == "progress_reconciled"]
     assert (back.data["from_round"], back.data["to_round"]) == (1000, 0), back
     assert local_record(folder, "w1")["last_round"] == ROUNDS - 1
+
+
+def test_a_second_process_with_a_running_nodes_id_refuses_to_start(tmp_path):
+    """Another machine (here: another SWARM_LOCAL_DIR, so the local lock cannot see it) with NODE_ID=w1."""
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = swarm_env(folder, MAX_ROUNDS=6, MIN_WORKERS=2)
+    swarm = Swarm(folder, env, ["w1", "w2"])
+    try:
+        swarm.start_all()
+        state = folder / LAYOUT.state_file
+        wait_until(lambda: state.exists() and b'"round":1,' in state.read_bytes(), 60, "round 1", swarm.procs)
+        twin = swarm.start("twin", node="w1", SWARM_LOCAL_DIR=str(tmp_path / "elsewhere"))
+        assert twin.wait(timeout=30) == 2, twin.lines[-5:]
+        codes = swarm.wait(timeout=120)
+    finally:
+        swarm.stop()
+    assert codes == {"coord": 0, "w1": 0, "w2": 0, "twin": 2}, swarm.tails()
+    (line,) = [x for x in twin.lines if "error:" in x]
+    assert "NODE_ID='w1': another process is already running as this node" in line, line
+    assert "stop it first, or give this node another NODE_ID" in line, line
+    assert len([e for e in events(folder, "w1") if e.event == "worker_started"]) == 1  # the twin wrote nothing
+    assert_every_round_submitted(folder, "w1", range(6))
+
+
+def test_two_processes_started_together_with_one_node_id_see_each_other_and_the_later_one_stops(tmp_path):
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = swarm_env(folder, MAX_ROUNDS=ROUNDS, MIN_WORKERS=2)
+    swarm = Swarm(folder, env, ["w1", "w2"])
+    try:
+        first = swarm.start("w1")
+        second = swarm.start("twin", node="w1", SWARM_LOCAL_DIR=str(tmp_path / "elsewhere"))
+        swarm.start("w2")
+        swarm.start("coord")  # no experiment yet when the workers start: nothing to see at start
+        codes = swarm.wait(timeout=120)
+    finally:
+        swarm.stop()
+    assert sorted([codes.pop("w1"), codes.pop("twin")]) == [0, 3], swarm.tails()
+    assert codes == {"coord": 0, "w2": 0}, swarm.tails()
+    stopped, stayed = (first, second) if first.returncode == 3 else (second, first)
+    assert any("this one, started later, stops" in x for x in stopped.lines), stopped.lines[-10:]
+    assert any("another process is writing" in x and "NODE_ID='w1'" in x for x in stayed.lines), stayed.lines[-10:]
+    log = events(folder, "w1")
+    assert len([e for e in log if e.event == "node_id_conflict"]) == 2
+    assert [e.message for e in log if e.event == "worker_gave_up"] == [
+        next(e.message for e in log if "started later, stops" in e.message)
+    ]
+    assert_swarm_finished(folder, ROUNDS)
