@@ -139,8 +139,8 @@ class StateFollower:
             )
             return
         if now - self._candidate[1] >= self.confirm_s:
-            logger.warning(
-                "state of round %d seq %d stayed %g s (%s): played", state.round, state.seq, self.confirm_s, reason
+            logger.info(
+                "state of round %d seq %d stayed %g s (%s): playing it", state.round, state.seq, self.confirm_s, reason
             )
             self._coordinators.add(state.coordinator_id)
             self._trust(state)
