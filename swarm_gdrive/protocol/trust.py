@@ -53,6 +53,7 @@ class StateFollower:
         self._coordinators = {experiment.coordinator_id}
         self._candidate: tuple[StateRecord, float, str] | None = None
         self._behind_since: float | None = None
+        self._floor = -1  # a target next_target found backed by this worker's own rewards
         self._on_reject = on_reject
         self._said: str | None = None
         self._clock = clock
@@ -81,21 +82,18 @@ class StateFollower:
     def next_target(self, state: StateRecord, target: int) -> int:
         """After :attr:`overdue`: the round to play next, from the coordinator's ``state``.
 
-        An honest worker has rewards only for rounds the coordinator opened, so its next round is
-        ``state.round``, or the one after it when its own reward of ``state.round`` is already in the
-        folder: no round is played twice, none the coordinator opened is given up.
+        The first round from ``state.round`` on (below ``target``) for which this worker's own reward
+        of the last stage is not in the folder: no round it submitted is played twice (a coordinator
+        that went back, e.g. resumed from an old state, finds those rewards and moves on), and none the
+        coordinator opens is given up. Rounds played on a forged state leave a gap right after
+        ``state.round``, so the scan stops there.
         """
         self.overdue = False
         last_stage = state.num_stages - 1
-        done = self.exchange.node_id in self.exchange.read_rewards(state.round, last_stage)
-        new = state.round + 1 if done else state.round
-        logger.warning(
-            "the coordinator's state (round %d) is behind this worker's progress (waiting for round %d): "
-            "that progress came from a state the coordinator never wrote; going on with round %d",
-            state.round,
-            target,
-            new,
-        )
+        new = state.round
+        while new < target and self.exchange.node_id in self.exchange.read_rewards(new, last_stage):
+            new += 1
+        self._floor = new
         return new
 
     # -- the rule --------------------------------------------------------------------------
@@ -159,7 +157,8 @@ class StateFollower:
 
     def _watch_behind(self, state: StateRecord, target: int, now: float) -> None:
         """Follow the file again once it has stayed behind the trusted state or the worker's progress."""
-        behind = (self.trusted is not None and self.trusted.is_newer_than(state)) or state.round < target - 1
+        ahead = state.round < target - 1 and target > self._floor  # progress no reward of its own backs
+        behind = (self.trusted is not None and self.trusted.is_newer_than(state)) or ahead
         if not behind:
             self._behind_since = None
             return
@@ -175,7 +174,7 @@ class StateFollower:
             self._behind_since = None
             self._candidate = None
             self.trusted = state
-            self.overdue = state.round < target - 1
+            self.overdue = ahead
 
     def _reject(self, reason: str) -> None:
         if reason == self._said:  # polled again, same verdict: said once already

@@ -261,7 +261,8 @@ class Worker:
         new = self.states.next_target(state, target)
         self.log.event(
             "progress_reconciled",
-            f"the coordinator is at round {state.round}, behind this worker's round {target}: on with round {new}",
+            f"the coordinator's state stayed at round {state.round}, behind this worker's round {target} (a forged "
+            f"state played, a poisoned local record, or a coordinator that went back): on with round {new}",
             level="warning",
             round_=state.round,
             from_round=target,

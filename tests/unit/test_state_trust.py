@@ -148,32 +148,53 @@ def test_a_forged_state_that_stayed_is_dropped_once_the_coordinators_own_go_on_b
     assert follower.next_target(follower.trusted, 51) == 2 and not follower.overdue
 
 
-def test_a_poisoned_last_round_is_reconciled_without_replaying_a_submitted_round(tmp_path):
+def submit(storage: LocalStorage, *rounds: int) -> None:
+    for round_ in rounds:
+        Exchange(storage, LAYOUT, "w1").write_reward(
+            RewardRecord(
+                node_id="w1",
+                run_id=RUN,
+                round=round_,
+                stage=0,
+                reward=0.5,
+                num_local_groups=1,
+                num_external_groups=0,
+                external_requested=0,
+                submitted_at=1.0,
+            )
+        )
+
+
+@pytest.mark.parametrize(
+    ("last_round", "submitted", "expected"),
+    [
+        (999, (0, 1, 2, 3, 4, 999), 5),  # an older version stored a forged round: on from the first gap
+        (6, (0, 1, 2, 3, 4, 5, 6), 7),  # the coordinator went back to round 4: rounds 4-6 are not played again
+    ],
+)
+def test_progress_ahead_of_the_coordinator_is_reconciled_without_replaying_a_submitted_round(
+    tmp_path, last_round, submitted, expected
+):
     storage = LocalStorage(tmp_path)
     writer = Exchange(storage, LAYOUT, "coord")
     writer.write_experiment(experiment())
     writer.write_state(state(4, 7))
-    Exchange(storage, LAYOUT, "w1").write_reward(
-        RewardRecord(
-            node_id="w1",
-            run_id=RUN,
-            round=4,
-            stage=0,
-            reward=0.5,
-            num_local_groups=1,
-            num_external_groups=0,
-            external_requested=0,
-            submitted_at=1.0,
-        )
-    )
+    submit(storage, *submitted)
     clock = Clock()
-    follower = StateFollower(Exchange(storage, LAYOUT, "w1", run_id=RUN), experiment(), 999, 2.0, clock=clock)
-    follower.read(1000)
+    follower = StateFollower(Exchange(storage, LAYOUT, "w1", run_id=RUN), experiment(), last_round, 2.0, clock=clock)
+    target = last_round + 1
+    follower.read(target)
     assert not follower.overdue
     clock.now += 2
-    trusted = follower.read(1000)
+    trusted = follower.read(target)
     assert follower.overdue and trusted.round == 4
-    assert follower.next_target(trusted, 1000) == 5  # its reward of round 4 is there: round 4 is not played again
+    target = follower.next_target(trusted, target)
+    assert target == expected
+    clock.now += 10  # backed by its own rewards, that progress is not questioned again
+    follower.read(target)
+    clock.now += 10
+    follower.read(target)
+    assert not follower.overdue
 
 
 def peer(registered_at: float, heartbeat: int, status: str = "alive") -> PeerRecord:
