@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
 import time
 from pathlib import Path
@@ -13,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 from faultkit import (
+    HOOK_DIR,
     LAYOUT,
+    REPO_DIR,
     Swarm,
     Watcher,
     events,
@@ -61,7 +64,7 @@ def test_a_worker_killed_mid_checkpoint_resumes_from_its_last_whole_one_and_trus
     marker, spy, pwned = tmp_path / "marker", tmp_path / "spy", tmp_path / "pwned"
     env = {
         **_env(folder, model_dir),
-        "PYTHONPATH": str(Path(__file__).resolve().parent / "hook"),
+        "PYTHONPATH": os.pathsep.join([str(HOOK_DIR), str(REPO_DIR)]),  # this checkout's package, not an installed one
     }
     watch = {"spy": str(spy), "grpo": True}
     extra = {"w1": faults(**watch, park={"point": "checkpoint", "round": 2, "dir": str(marker)})}
