@@ -3,8 +3,8 @@
 Anyone with write access to the folder can write a valid state file, and nothing authenticates it. A
 worker therefore plays a state at once only when an honest coordinator could have written it next: the
 same run as experiment.json, the experiment's coordinator (or one already confirmed), and at most one
-round past the newest state it trusts (the coordinator advances one round at a time). Any other newer
-state (a jump of several rounds, ``finished``, another coordinator) is played only once it has stayed
+round past the newest state it trusts (the coordinator advances one round at a time) and below its
+``max_rounds``. Any other newer state (a jump, ``finished``, another coordinator) is played only once it has stayed
 in the file for ``confirm_s`` seconds; one that goes away sooner is rejected and never played, so a
 forged state visible for a moment changes nothing. A state of another run ends the worker only when
 experiment.json names that run too (a real reset); otherwise it is rejected.
@@ -118,6 +118,8 @@ class StateFollower:
             return "it finishes the experiment"
         if state.round > base + 1:
             return f"round {state.round} is more than one round ahead of round {base}"
+        if self.trusted is not None and state.round >= self.trusted.max_rounds:
+            return f"round {state.round} is beyond MAX_ROUNDS ({self.trusted.max_rounds})"
         return None
 
     def _consider(self, state: StateRecord, now: float) -> None:

@@ -98,20 +98,26 @@ def test_a_jump_that_goes_away_within_the_window_is_rejected_and_never_trusted(s
     ("change", "reason"),
     [
         ({"status": "finished", "round": 2}, "it finishes the experiment"),
+        ({"round": 2, "max_rounds": 2}, "round 2 is beyond MAX_ROUNDS (2)"),
         ({"coordinator_id": "mallory"}, "written by coordinator 'mallory', not experiment.json's 'coord'"),
     ],
 )
 def test_a_finish_or_another_coordinator_must_stay_too(setup, change, reason):
     writer, follower, rejected, clock = setup
-    writer.write_state(state(1, 2))
+    writer.write_state(state(1, 2, max_rounds=2))
     clock.now += 2
     follower.read(0)
     clock.now += 2  # the first state of a process is round 1 with no progress yet: it had to stay too
     assert follower.read(0).seq == 2
     writer.write_state(state(1, 3, **change))
     assert follower.read(1).seq == 2
+    writer.write_state(state(1, 2, max_rounds=2))  # gone: rejected with its reason
+    follower.read(1)
+    assert len(rejected) == 1 and reason in rejected[0], rejected
+    writer.write_state(state(1, 3, **change))  # back, and this time it stays
+    follower.read(1)
     clock.now += 2
-    assert follower.read(1).seq == 3 and not rejected
+    assert follower.read(1).seq == 3
     if "coordinator_id" in change:  # confirmed once, that coordinator's next states are played at once
         writer.write_state(state(2, 4, coordinator_id="mallory"))
         assert follower.read(2).round == 2
