@@ -16,7 +16,10 @@ from typing import Any
 from swarm_gdrive import logctx
 from swarm_gdrive.config import Config, ConfigError, from_env
 from swarm_gdrive.protocol.coordinator import Coordinator, ExperimentMismatchError
+from swarm_gdrive.protocol.exchange import Exchange
+from swarm_gdrive.protocol.heartbeat import live_twin
 from swarm_gdrive.protocol.identity import Identity, IdentityError, claim_identity
+from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.protocol.worker import Worker
 from swarm_gdrive.protocol.workload import SyntheticWorkload, Workload
 from swarm_gdrive.storage import Storage, StorageError, storage_for
@@ -99,6 +102,15 @@ def _run_role(config: Config, identity: Identity, stop: threading.Event) -> int:
         storage.describe(),
         config.experiment_name,
     )
+    twin = _live_twin(config, storage, identity.node_id, stop)
+    if twin is not None:
+        print(
+            f"swarm-gdrive: error: NODE_ID={identity.node_id!r}: another process is already running as this node "
+            f"({twin}): stop it first, or give this node another NODE_ID",
+            file=sys.stderr,
+        )
+        identity.release()
+        return EXIT_BAD_INPUT
     try:
         if config.is_coordinator:
             return Coordinator(config, storage, identity.node_id, stop).run()
@@ -108,6 +120,20 @@ def _run_role(config: Config, identity: Identity, stop: threading.Event) -> int:
         return EXIT_BAD_INPUT
     finally:
         identity.release()
+
+
+def _live_twin(config: Config, storage: Storage, node_id: str, stop: threading.Event) -> str | None:
+    """Another live process with this NODE_ID, seen in this run's peer file before anything is written (§7)."""
+    exchange = Exchange(storage, Layout(config.experiment_name), node_id)
+    try:
+        experiment = exchange.read_experiment()
+    except OSError as exc:  # the node's own first reads will meet it again and say so
+        logger.warning("could not read experiment.json to look for another process with this NODE_ID: %s", exc)
+        return None
+    if experiment is None:  # no run yet: no peer file of it either
+        return None
+    exchange.run_id = experiment.run_id
+    return live_twin(exchange, config.heartbeat_interval, config.sync_lag, stop)
 
 
 def _device_error() -> type[Exception]:

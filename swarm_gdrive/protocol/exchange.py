@@ -228,7 +228,9 @@ class Exchange:
     # -- experiment and state --------------------------------------------------------------
 
     def read_experiment(self) -> ExperimentRecord | None:
-        return self._read(self.layout.experiment_file, ExperimentRecord)
+        """experiment.json as it is now. It defines the run, so its run id is not checked against the reader's:
+        after a reset it names the new run."""
+        return self._read(self.layout.experiment_file, ExperimentRecord, check_run=False)
 
     def write_experiment(self, record: ExperimentRecord) -> None:
         self._write(self.layout.experiment_file, record)
@@ -250,6 +252,15 @@ class Exchange:
             logger.info("ignoring an older state (round %d seq %d) than one already seen", state.round, state.seq)
         return self._newest_state
 
+    def read_state_file(self) -> StateRecord | None:
+        """The state file as it is now, validated, with neither the run check nor the monotonic memory of
+        :meth:`read_state`: for a reader with its own trust rule (the worker's, GDRIVE_IMPLEMENTATION.md §5.5)."""
+        state = self._read(self.layout.state_file, StateRecord, check_run=False)
+        if state is not None and state.experiment != self.layout.experiment:
+            self._reject(self.layout.state_file, f"experiment {state.experiment!r} is not {self.layout.experiment!r}")
+            return None
+        return state
+
     def write_state(self, record: StateRecord) -> None:
         self._write(self.layout.state_file, record)
         self._newest_state = record
@@ -258,6 +269,10 @@ class Exchange:
 
     def write_peer(self, record: PeerRecord) -> None:
         self._write(self.layout.peer_file(record.node_id), record)
+
+    def read_peer(self, node_id: str) -> PeerRecord | None:
+        """One node's peer file as it is now (validated; None if absent or rejected)."""
+        return self._read(self.layout.peer_file(node_id), PeerRecord)
 
     def read_peers(self) -> dict[str, Observed]:
         """Every peer file of the folder: its listing entry and its record (re-read only when changed)."""

@@ -36,12 +36,13 @@ class Identity:
     _handle: IO[str]
 
     def read_local(self) -> dict:
-        """The node-local record (role, last completed round)."""
+        """The node-local record (role, last completed round); {} when the file holds no JSON object."""
         self._handle.seek(0)
         try:
-            return json.loads(self._handle.read() or "{}")
-        except json.JSONDecodeError:
+            data = json.loads(self._handle.read() or "{}")
+        except (ValueError, RecursionError):  # not JSON or not UTF-8, an integer past the conversion limit, nesting
             return {}
+        return data if isinstance(data, dict) else {}
 
     def write_local(self, **values: object) -> None:
         """Update the node-local record in place (we hold its lock)."""

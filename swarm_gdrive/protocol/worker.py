@@ -22,8 +22,16 @@ from swarm_gdrive.protocol.identity import Identity
 from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.protocol.metrics import NodeLog
 from swarm_gdrive.protocol.polling import Backoff, Stopped, wait_for
-from swarm_gdrive.protocol.records import EvalRecord, RewardRecord, RolloutBatch, RolloutGroup, StateRecord
+from swarm_gdrive.protocol.records import (
+    EvalRecord,
+    ExperimentRecord,
+    RewardRecord,
+    RolloutBatch,
+    RolloutGroup,
+    StateRecord,
+)
 from swarm_gdrive.protocol.sapo import ScoredGroup, Selection, rng_for, select_external
+from swarm_gdrive.protocol.trust import CONFIRM_SECONDS, StateFollower
 from swarm_gdrive.protocol.workload import StageContext, Workload
 from swarm_gdrive.storage import Storage
 
@@ -51,13 +59,17 @@ class Worker:
         self.workload = workload
         self.stop = stop
         self.log = NodeLog(storage, self.layout, self.node_id)
-        self.exchange._on_reject = lambda path, reason: self.log.event(
-            "file_rejected", f"{path}: {reason}", level="warning", path=path
-        )
+        self.exchange._on_reject = self._rejected
         self.heartbeat: Heartbeat | None = None
+        self.experiment: ExperimentRecord | None = None
+        self.states: StateFollower | None = None
+        self._twin: str | None = None  # set when this process stepped down for another one with its NODE_ID
         self._backend_mark: dict[str, int] = {}
         self._state_backoff = Backoff(config.poll_interval_min, config.poll_interval_max)
         self._gather_backoff = Backoff(config.poll_interval_min, min(config.poll_interval_max, 2.0))
+
+    def _rejected(self, path: str, reason: str) -> None:
+        self.log.event("file_rejected", f"{path}: {reason}", level="warning", path=path)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -65,12 +77,22 @@ class Worker:
         """0 when finished or stopped; 3 when it had to give up."""
         try:
             run_id = self._join()
-            self.heartbeat = Heartbeat(self.exchange, "worker", run_id, self.config.heartbeat_interval)
+            self.heartbeat = Heartbeat(
+                self.exchange,
+                "worker",
+                run_id,
+                self.config.heartbeat_interval,
+                quiet_s=self.config.sync_lag,
+                on_twin=self._on_twin,
+            )
             self.heartbeat.start()
             self.log.event("worker_started", f"joined run {run_id}", run_id=run_id)
             self._rounds()
             return EXIT_OK
         except Stopped:
+            if self._twin is not None:
+                self.log.event("worker_gave_up", self._twin, level="error")
+                return EXIT_GAVE_UP
             self.log.event("worker_stopped", "stopped on request")
             return EXIT_OK
         except RunChangedError as exc:
@@ -83,8 +105,8 @@ class Worker:
             logger.error("%s", exc)
             return EXIT_GAVE_UP
         finally:
-            if self.heartbeat is not None:
-                self.heartbeat.stop()
+            if self.heartbeat is not None:  # one that stepped down leaves the peer file to the other process
+                self.heartbeat.stop(mark_stopped=self._twin is None)
             self.log.flush()
             self.workload.close()
 
@@ -99,13 +121,28 @@ class Worker:
                 " start the coordinator with the same GDRIVE_PATH and EXPERIMENT_NAME"
             )
         self.exchange.run_id = experiment.run_id
+        self.experiment = experiment
         self._refuse_other_settings(experiment.config)
         local = self.identity.read_local()
         if local.get("run_id") != experiment.run_id:
             self.identity.write_local(run_id=experiment.run_id, last_round=None)
-        last = self.identity.read_local().get("last_round")
-        self._own_temp_cleanup(last)
+        self._own_temp_cleanup(self._local_last_round())
         return experiment.run_id
+
+    def _local_last_round(self) -> int | None:
+        """The last round completed by this node, from its local record; None if absent or not a round."""
+        last = self.identity.read_local().get("last_round")
+        if last is None or (type(last) is int and 0 <= last <= 10**9):  # records.Round's range
+            return last
+        logger.warning("ignoring last_round %r in %s: not a round number", last, self.identity.path)
+        return None
+
+    def _on_twin(self, message: str, step_down: bool) -> None:
+        """The heartbeat saw another live process writing this node's peer file (called from its thread)."""
+        self.log.event("node_id_conflict", message, level="error")
+        if step_down:
+            self._twin = message
+            self.stop.set()
 
     def _refuse_other_settings(self, experiment_config: dict) -> None:
         """Refuse to join an experiment defined with other settings: its groups, rewards and model would
@@ -142,8 +179,14 @@ class Worker:
     # -- rounds ----------------------------------------------------------------------------
 
     def _next_state(self, target: int) -> StateRecord:
+        """The trusted state (§5.5) once it reaches ``target`` or finishes, or once it has stayed behind this
+        worker's progress (``self.states.overdue``)."""
+        assert self.states is not None
+
         def ready() -> StateRecord | None:
-            state = self.exchange.read_state()
+            state = self.states.read(target)
+            if state is not None and self.states.overdue:
+                return state
             if state is None or state.status == "waiting":
                 return None
             return state if state.status == "finished" or state.round >= target else None
@@ -157,7 +200,7 @@ class Worker:
         return state
 
     def _rounds(self) -> None:
-        last = self.identity.read_local().get("last_round")
+        last = self._local_last_round()
         restored = self.workload.resume()
         if restored is not None:
             self.log.event(
@@ -176,9 +219,21 @@ class Worker:
                 level="warning",
                 round_=last,
             )
+        assert self.experiment is not None
+        self.states = StateFollower(
+            self.exchange,
+            self.experiment,
+            last,
+            CONFIRM_SECONDS + self.config.sync_lag,
+            on_reject=self._rejected,
+        )
         target = 0 if last is None else last + 1
         while True:
             state = self._next_state(target)
+            if self.states.overdue:
+                target = self._reconcile(state, target)
+                last = target - 1 if target else None
+                continue
             if state.status == "finished":
                 self.log.event("experiment_finished", f"finished after {state.round} rounds", round_=state.round)
                 if last is not None:
@@ -199,6 +254,22 @@ class Worker:
             self.run_round(state)
             last = state.round
             target = state.round + 1
+
+    def _reconcile(self, state: StateRecord, target: int) -> int:
+        """This worker's progress is ahead of the coordinator's state for good (§5.5): the round to play next."""
+        assert self.states is not None
+        new = self.states.next_target(state, target)
+        self.log.event(
+            "progress_reconciled",
+            f"the coordinator's state stayed at round {state.round}, behind this worker's round {target} (a forged "
+            f"state played, a poisoned local record, or a coordinator that went back): on with round {new}",
+            level="warning",
+            round_=state.round,
+            from_round=target,
+            to_round=new,
+        )
+        self.identity.write_local(last_round=new - 1 if new else None)
+        return new
 
     def run_round(self, state: StateRecord) -> None:
         """All stages of ``state.round``, then metrics, retention and the local progress mark."""

@@ -1,6 +1,7 @@
 """Randomised fault trials against real node processes, with a summary table.
 
-    python tests/faults/run_trials.py --trials 20 --seed 1 [--kinds worker,coordinator,oserror] [--out DIR]
+    python tests/faults/run_trials.py --trials 20 --seed 1 [--kinds worker,coordinator,oserror,mixed] [--out DIR]
+    python tests/faults/run_trials.py --kinds mixed --trials 200 --seed 14 --out mixed-200   # issue 14's run
 
 Each trial starts a fresh swarm (a coordinator and 3 workers, synthetic workload, 4 rounds) on a temporary
 folder and injects one fault chosen at random from the seed:
@@ -11,6 +12,13 @@ folder and injects one fault chosen at random from the seed:
 - ``coordinator``: SIGKILL of the coordinator mid state write, mid log flush, or at a random moment of a
   random round; restarted with the same NODE_ID.
 - ``oserror``: bursts of EIO / ENOTCONN in every node's local backend.
+- ``mixed``: a hostile file of a random class (tests/faults/hostile_mix.py: hostile.py's files, a huge integer,
+  type confusion, symbolic links out of the folder, a forged state for under a second, names that collide by case
+  or that Windows reserves, malformed checkpoint manifests, a flood of unregistered rollouts, a second process
+  with a running worker's NODE_ID) planted at a random moment, and a SIGKILL of a random node (coordinator or
+  worker) at another, restarted; then every node is started once more. Counted per trial: crashes (a node that
+  was not killed exiting 1, a reader raising), lost submissions, bytes written outside the folder, nodes unable
+  to restart (the restarted node, then every node once the run is over, must exit 0).
 
 Every trial checks the suite's properties (tests/faults/trials.py): survivors exit 0; no reader ever saw a
 partial file; every submission of a live worker is in the folder; the restarted node resumed where it
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import shutil
 import sys
@@ -32,16 +41,52 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from hostile_mix import CLASSES  # noqa: E402
 from trials import (  # noqa: E402
     COORDINATOR_POINTS,
     ROUNDS,
     WORKER_POINTS,
     WORKERS,
     run_kill_trial,
+    run_mixed_trial,
     run_oserror_trial,
 )
 
 PUBLISH = ("generation", "stage", "round")
+KINDS = ("worker", "coordinator", "oserror", "mixed")
+
+
+def mixed_trial(rng: random.Random, tmp: Path, classes: list[str]) -> dict:
+    """One mixed trial (a hostile class and a kill); its record, with the four counts of issue 14."""
+    cls, seed = rng.choice(classes), rng.randrange(2**31)
+    try:
+        r = run_mixed_trial(tmp, cls, seed)
+    except Exception:  # noqa: BLE001 - a broken trial is reported, and the run goes on
+        return {
+            "fault": f"mixed: {cls}",
+            "ok": False,
+            "lost": None,
+            "seed": seed,
+            "error": traceback.format_exc()[-2000:],
+        }
+    error = "; ".join([*r.crashes, *r.unable_to_restart, *r.problems])[:4000]
+    if r.outside_bytes:
+        error = f"{r.outside_bytes} bytes written outside the folder; {error}"
+    return {
+        "fault": f"mixed: {cls}",
+        "planted": r.planted,
+        "victim": r.victim,
+        "kill_round": r.kill_round,
+        "plant_round": r.plant_round,
+        "seed": seed,
+        "ok": r.ok,
+        "crashes": len(r.crashes),
+        "lost": r.lost,
+        "outside_bytes": r.outside_bytes,
+        "unable_to_restart": len(r.unable_to_restart),
+        "seconds": round(r.seconds, 1),
+        **({"error": error} if not r.ok else {}),
+    }
 
 
 def one_trial(kind: str, rng: random.Random, tmp: Path) -> dict:
@@ -77,24 +122,32 @@ def one_trial(kind: str, rng: random.Random, tmp: Path) -> dict:
     return record
 
 
+COUNTS = ("lost", "crashes", "outside_bytes", "unable_to_restart")
+
+
 def summarise(records: list[dict]) -> list[dict]:
     rows: dict[str, dict] = {}
     for r in records:
-        row = rows.setdefault(r["fault"], {"fault": r["fault"], "trials": 0, "survived": 0, "lost": 0, "seconds": 0.0})
+        row = rows.setdefault(
+            r["fault"], {"fault": r["fault"], "trials": 0, "survived": 0, "seconds": 0.0, **dict.fromkeys(COUNTS, 0)}
+        )
         row["trials"] += 1
         row["survived"] += bool(r["ok"])
-        row["lost"] += r["lost"] or 0
-        row["seconds"] += r["seconds"]
+        for key in COUNTS:
+            row[key] += r.get(key) or 0
+        row["seconds"] += r.get("seconds", 0.0)
     return sorted(rows.values(), key=lambda row: row["fault"])
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| fault | trials | survived | submissions lost | mean s |", "|---|---|---|---|---|"]
+    head = "| fault | trials | survived | submissions lost | crashes | bytes outside | unable to restart | mean s |"
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     for row in rows:
+        counts = " | ".join(str(row[k]) for k in COUNTS)
         mean = row["seconds"] / row["trials"]
-        lines.append(f"| {row['fault']} | {row['trials']} | {row['survived']} | {row['lost']} | {mean:.1f} |")
-    total = sum(r["trials"] for r in rows), sum(r["survived"] for r in rows), sum(r["lost"] for r in rows)
-    lines.append(f"| **all** | {total[0]} | {total[1]} | {total[2]} | |")
+        lines.append(f"| {row['fault']} | {row['trials']} | {row['survived']} | {counts} | {mean:.1f} |")
+    totals = " | ".join(str(sum(r[k] for r in rows)) for k in COUNTS)
+    lines.append(f"| **all** | {sum(r['trials'] for r in rows)} | {sum(r['survived'] for r in rows)} | {totals} | |")
     return "\n".join(lines)
 
 
@@ -102,23 +155,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=20, help="trials of each kind (default 20)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random choices (default 0)")
-    parser.add_argument("--kinds", default="worker,coordinator,oserror", help="comma-separated kinds to run")
+    parser.add_argument("--kinds", default="worker,coordinator,oserror", help=f"comma-separated, of {','.join(KINDS)}")
+    parser.add_argument(
+        "--classes", default=",".join(CLASSES), help="mixed trials: the hostile classes to draw from (default: all)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="folder for trials.jsonl, summary.json, summary.md")
     parser.add_argument("--keep", action="store_true", help="keep the folders of failed trials (printed)")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)  # the end-of-trial readers' rejections would crowd the progress lines
     kinds = [k for k in args.kinds.split(",") if k]
-    unknown = set(kinds) - {"worker", "coordinator", "oserror"}
+    unknown = set(kinds) - set(KINDS)
     if unknown:
-        parser.error(f"--kinds: unknown {sorted(unknown)}; use worker, coordinator, oserror")
+        parser.error(f"--kinds: unknown {sorted(unknown)}; use {', '.join(KINDS)}")
+    classes = [c for c in args.classes.split(",") if c]
+    if set(classes) - set(CLASSES) or not classes:
+        parser.error(f"--classes: unknown {sorted(set(classes) - set(CLASSES))}; use {', '.join(CLASSES)}")
     rng = random.Random(args.seed)
     records = []
     for kind in kinds:
         for i in range(args.trials):
             tmp = Path(tempfile.mkdtemp(prefix=f"fault-{kind}-{i}-"))
-            record = one_trial(kind, rng, tmp)
+            record = mixed_trial(rng, tmp, classes) if kind == "mixed" else one_trial(kind, rng, tmp)
             records.append(record)
             status = "ok  " if record["ok"] else "FAIL"
-            detail = {k: v for k, v in record.items() if k not in ("fault", "ok", "error", "injected")}
+            detail = {k: v for k, v in record.items() if k not in ("fault", "ok", "error", "injected", *COUNTS)}
             print(f"{status} {kind} {i + 1}/{args.trials}: {record['fault']} {detail}", flush=True)
             if not record["ok"]:
                 print("     " + record["error"].splitlines()[0][:300] + (f"\n     kept {tmp}" if args.keep else ""))

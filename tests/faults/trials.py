@@ -4,13 +4,15 @@ with the same identity, and every property of the suite checked. Used by the tes
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from faultkit import (
+    EXPERIMENT,
     LAYOUT,
     Swarm,
     Watcher,
@@ -29,8 +31,11 @@ from faultkit import (
     swarm_env,
     wait_until,
 )
+from hostile_mix import Planted, Planter, Scene
 
-from swarm_gdrive.protocol.records import StateRecord
+from swarm_gdrive.protocol.layout import parse_round_dir
+from swarm_gdrive.protocol.records import ExperimentRecord, RecordError, RewardRecord, StateRecord, decode
+from swarm_gdrive.storage import LocalStorage
 
 WORKERS = ["w1", "w2", "w3"]
 ROUNDS = 4
@@ -206,3 +211,313 @@ def run_oserror_trial(tmp: Path, seed: int, sink=None) -> Counter[str]:
         assert not rejections(folder, node)
         metrics(folder, node)
     return Counter(e["errno"] for e in errors)
+
+
+# -- randomised trials that mix hostile files with kills ---------------------------------------------------------
+
+
+@dataclass
+class MixedResult:
+    """One mixed trial: the counts the issue asks for, and any other property that failed."""
+
+    cls: str
+    planted: str
+    victim: str
+    kill_round: int
+    plant_round: int
+    crashes: list[str] = field(default_factory=list)  # nodes that exited 1, readers that raised
+    lost: int = 0  # submissions present at the kill and gone at the end, plus rounds a never-killed worker lacks
+    outside_bytes: int = 0  # bytes written outside GDRIVE_PATH (through links planted inside it)
+    unable_to_restart: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not (self.crashes or self.lost or self.outside_bytes or self.unable_to_restart or self.problems)
+
+
+class MixedWatcher(Watcher):
+    """The suite's watcher, keeping what it found per path: what a planter planted is only known once it returns,
+    so failures on hostile paths and forged states are filtered out at the end (:meth:`problems`)."""
+
+    def __init__(self, folder: Path, torn_ok: set[str]) -> None:
+        super().__init__(folder, torn_ok=torn_ok)
+        self.failures: list[tuple[str, str]] = []
+        self.state_log: list[tuple[int, int, str]] = []
+
+    def sweep(self, rel: str) -> None:
+        try:
+            infos = self.storage.list(rel)
+        except Exception as exc:  # noqa: BLE001 - a hostile folder; judged at the end
+            self.failures.append((rel, f"listing failed: {type(exc).__name__}: {exc}"))
+            return
+        for info in infos:
+            path = f"{rel}/{info.name}"
+            if info.is_dir:
+                if not path.endswith("/checkpoints"):
+                    self.sweep(path)
+            else:
+                self.check(path)
+
+    def check(self, path: str) -> None:
+        before = len(self.torn)
+        try:
+            if path == LAYOUT.state_file:
+                record = decode(self.storage.read_bytes(path, 1 << 20), StateRecord)
+                if not self.state_log or self.state_log[-1][:2] != (record.round, record.seq):
+                    self.state_log.append((record.round, record.seq, record.run_id))
+                self.reads += 1
+            else:
+                super().check(path)
+        except FileNotFoundError:
+            return
+        except Exception as exc:  # noqa: BLE001 - judged at the end, with the planted paths known
+            self.failures.append((path, f"{type(exc).__name__}: {exc}"))
+        self.failures.extend((path, message) for message in self.torn[before:])
+        del self.torn[before:]
+
+    def problems(self, hostile: set[str], forged: set[tuple[int, int, str]]) -> list[str]:
+        out = [f"a reader saw {path}: {msg}" for path, msg in self.failures if not _under(path, hostile)]
+        order = [(r, s) for r, s, run in self.state_log if (r, s, run) not in forged]
+        if order != sorted(order):
+            out.append(f"the state went backwards: {self.state_log}")
+        if not self.reads:
+            out.append("the watcher read nothing")
+        return out
+
+
+def _under(path: str, prefixes: set[str]) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (links not followed) and its bytes."""
+    out = {}
+    for d, dirs, files in os.walk(folder):
+        for name in files + [x for x in dirs if Path(d, x).is_symlink()]:
+            path = Path(d, name)
+            out[str(path.relative_to(folder))] = path.read_bytes() if path.is_file() else b"<link>"
+    return out
+
+
+def run_mixed_trial(tmp: Path, cls: str, seed: int, sink=None) -> MixedResult:
+    """A swarm of real processes (coordinator, 3 workers, 4 rounds); a hostile file of class ``cls`` (see
+    hostile_mix.CLASSES) planted at a random moment, and a random node SIGKILLed at another and restarted.
+
+    Never raises for a property of the swarm: every failure is in the result (``ok`` False).
+    """
+    rng = random.Random(seed)
+    folder, outside = tmp / "drive", tmp / "outside"
+    folder.mkdir(parents=True)
+    outside.mkdir()
+    (outside / "sentinel.txt").write_text("outside GDRIVE_PATH: no node may write here\n")
+    before_outside = _snapshot(outside)
+    victim = rng.choice(["coord", *WORKERS])
+    spare = rng.choice([w for w in WORKERS if w != victim])
+    result = MixedResult(cls, "", victim, rng.randrange(ROUNDS - 1), rng.randrange(ROUNDS - 1))
+    cleanup = cls.startswith("type_confusion") or rng.random() < 0.5
+    env = swarm_env(
+        folder,
+        MAX_ROUNDS=ROUNDS,
+        MIN_WORKERS=len(WORKERS),
+        ROLLOUT_PUBLISH_FREQUENCY=rng.choice(("generation", "stage", "round")),
+        ROLLOUT_CLEANUP_ENABLED=str(cleanup).lower(),
+        ROLLOUT_KEEP_LAST_N_ROUNDS=1,
+        COORDINATOR_WAIT_TIMEOUT=60,  # a worker left without a coordinator gives up within the trial's wait
+        SEED=rng.randrange(1000),
+    )
+    # Every draw is made here, before the threads start: a trial is reproducible from its seed.
+    plant_rng, kill_rng, plant_delay = random.Random(rng.random()), random.Random(rng.random()), rng.uniform(0, 0.8)
+    swarm = Swarm(folder, env, WORKERS, sink=sink)
+    watcher = MixedWatcher(folder, torn_ok={LAYOUT.metrics_file(victim), LAYOUT.events_file(victim)})
+    started = time.monotonic()
+    planter: Planter | None = None
+    killed = None
+    try:
+        watcher.start()
+        swarm.start_all()
+        wait_until((folder / LAYOUT.experiment_file).exists, 60, "experiment.json", swarm.procs)
+        run_id = read_record(folder, LAYOUT.experiment_file, ExperimentRecord).run_id
+
+        def scene_for(round_: int) -> Scene:
+            _wait_for_round(swarm, round_)
+            return Scene(folder, outside, tmp, swarm, run_id, round_, WORKERS, spare, plant_rng)
+
+        planter = Planter(scene_for, cls, result.plant_round, plant_delay)
+        planter.start()
+        proc = swarm.procs[0] if victim == "coord" else swarm.procs[1 + WORKERS.index(victim)]
+        try:
+            _kill_at_random(swarm, proc, victim, result.kill_round, kill_rng)
+            killed = (time.time(), _state_or_none(folder), {w: _rewards(folder, w) for w in WORKERS})
+            swarm.start(f"{victim}#2", node=victim)
+        except (AssertionError, OSError, ValueError) as exc:  # the swarm broke down before the kill
+            result.problems.append(f"no kill in round {result.kill_round}: {str(exc)[:300]}")
+        planter.join(timeout=60)
+        codes = _wait_all(result, swarm, timeout=120)
+    finally:
+        if planter is not None:
+            planter.halt.set()
+        swarm.stop()
+        watcher.stop()
+    planted = planter.planted or Planted(f"{cls} (not planted: {planter.error or 'the run ended first'})")
+    result.planted = planted.what
+    _judge_exits(result, codes, swarm, planted)
+    _judge(result, "files", lambda: _judge_files(result, folder, watcher, planted, victim, killed))
+    if killed is not None and not result.unable_to_restart:
+        try:
+            _check_restart(folder, victim, killed[1], killed[0], "random")
+        except (AssertionError, OSError, ValueError) as exc:
+            result.unable_to_restart.append(f"{victim}: did not resume where it stopped: {str(exc)[:500]}")
+    result.crashes += _reader_sweep(folder, tmp)
+    _restart_everyone(result, swarm)
+    after_outside = _snapshot(outside)
+    result.outside_bytes = sum(len(v) for k, v in after_outside.items() if before_outside.get(k) != v)
+    result.outside_bytes += sum(1 for k in before_outside if k not in after_outside)  # deleted through a link
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _judge(result: MixedResult, what: str, check) -> None:
+    """Run one judgement; a check that cannot even read what it judges is a problem of the trial, not a crash."""
+    try:
+        check()
+    except Exception as exc:  # noqa: BLE001 - e.g. a planted file where the check expects a record
+        result.problems.append(f"checking {what}: {type(exc).__name__}: {str(exc)[:500]}")
+
+
+def _wait_all(result: MixedResult, swarm: Swarm, timeout: float) -> dict[str, int]:
+    """Exit codes of the processes not killed by the trial; those still running after ``timeout`` are problems."""
+    deadline = time.monotonic() + timeout
+    codes = {}
+    for p in list(swarm.procs):
+        if p.returncode == -9:
+            continue
+        try:
+            codes[p.name] = p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except Exception:  # noqa: BLE001 - still running: stopped below, reported here
+            result.problems.append(f"{p.name} did not finish within {timeout:g} s: {_last_lines(p)}")
+    return codes
+
+
+def _wait_for_round(swarm: Swarm, round_: int) -> None:
+    state = swarm.path(LAYOUT.state_file)
+
+    def opened() -> bool:
+        try:
+            text = state.read_text()
+        except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
+            return False
+        return f'"round":{round_},' in text and '"status":"running"' in text
+
+    wait_until(opened, 90, f"round {round_}", swarm.procs)
+
+
+def _judge_exits(result: MixedResult, codes: dict[str, int], swarm: Swarm, planted: Planted) -> None:
+    for name, code in codes.items():
+        if name == "twin":
+            if code == 1:
+                result.crashes.append(f"twin of {planted.twin_of}: exit 1")
+            elif code not in (0, 2, 3):
+                result.problems.append(f"twin of {planted.twin_of}: exit {code}")
+        elif name.endswith("#2"):
+            if code != 0:
+                result.unable_to_restart.append(f"{name}: exit {code}")
+        elif code == 1:
+            result.crashes.append(f"{name}: exit 1")
+        elif code != 0:
+            result.problems.append(f"{name}: exit {code}")
+    if result.crashes or result.problems or result.unable_to_restart:
+        result.problems.append(swarm.tails(12)[-5000:])
+
+
+def _judge_files(
+    result: MixedResult, folder: Path, watcher: MixedWatcher, planted: Planted, victim: str, killed
+) -> None:
+    hostile = planted.paths
+    result.problems += watcher.problems(hostile, planted.forged_states)
+    left = [p for p in leftovers(folder) if not _under(p, hostile)]
+    if left:
+        result.problems.append(f"temporaries left behind: {left}")
+    _judge(result, "the final state", lambda: assert_swarm_finished(folder, ROUNDS))
+    before = killed[2] if killed is not None else {}
+    for w in WORKERS:
+        after = _rewards(folder, w)
+        result.lost += sum(1 for r, run in before.get(w, {}).items() if after.get(r) != run)
+        skipped = skipped_rounds(folder, w) if w == victim and w not in planted.tainted_logs else set()
+        result.lost += sum(1 for r in range(ROUNDS) if r not in skipped and r not in after)
+    for node in ["coord", *WORKERS]:
+        if node in planted.tainted_logs:
+            continue
+        try:
+            honest = {p: m for p, m in rejections(folder, node, node == victim).items() if not _under(p, hostile)}
+            metrics(folder, node, node == victim)
+        except AssertionError as exc:
+            result.problems.append(f"{node}'s logs: {exc}")
+            continue
+        if honest:
+            result.problems.append(f"{node} rejected honest files: {honest}")
+
+
+def _state_or_none(folder: Path) -> StateRecord | None:
+    try:
+        return _state(folder)
+    except (OSError, ValueError):  # a planted state (RecordError is a ValueError)
+        return None
+
+
+def _rewards(folder: Path, node: str) -> dict[int, str]:
+    """round -> run id of every valid reward file of ``node`` (stage 0); what is not one is not counted."""
+    out = {}
+    base = folder / LAYOUT.rewards_dir
+    for round_dir in base.iterdir() if base.is_dir() else []:
+        round_ = parse_round_dir(round_dir.name)
+        path = folder / LAYOUT.reward_file(round_, 0, node) if round_ is not None else None
+        try:
+            out[round_] = decode(path.read_bytes(), RewardRecord).run_id
+        except (AttributeError, OSError, RecordError):
+            continue
+    return out
+
+
+def _reader_sweep(folder: Path, tmp: Path) -> list[str]:
+    """The reading commands' loader and a checkpoint loader on what the trial left: neither may raise."""
+    from swarm_gdrive.observe.monitor import findings, load, status_table
+
+    crashes = []
+    storage = LocalStorage(folder)
+    try:
+        snapshot = load(storage, EXPERIMENT)
+        findings(snapshot)
+        status_table(snapshot)
+    except Exception as exc:  # noqa: BLE001 - what the issue calls a crash of status/validate/report
+        crashes.append(f"monitor.load/findings/status_table: {type(exc).__name__}: {str(exc)[:300]}")
+    checkpoints = folder / LAYOUT.root / "checkpoints"
+    if checkpoints.is_dir():
+        from swarm_gdrive.training.checkpoint import load_latest
+
+        for node in sorted(p.name for p in checkpoints.iterdir()):
+            try:
+                load_latest(storage, LAYOUT, node, tmp / "restore" / node)
+            except Exception as exc:  # noqa: BLE001 - a restarted grpo worker would die of it
+                crashes.append(f"checkpoint.load_latest({node}): {type(exc).__name__}: {str(exc)[:300]}")
+    return crashes
+
+
+def _restart_everyone(result: MixedResult, swarm: Swarm) -> None:
+    """Once the run is over, every node started again must come up and exit 0 (the experiment is finished)."""
+    again = [swarm.start(f"{name}#final", node=name) for name in ["coord", *WORKERS]]
+    try:
+        for proc in again:
+            try:
+                code = proc.wait(timeout=60)
+            except Exception:  # noqa: BLE001 - a node that hangs on a restart cannot restart
+                code = None
+            if code != 0:
+                result.unable_to_restart.append(f"{proc.name}: exit {code}: {_last_lines(proc)}")
+    finally:
+        swarm.stop()
+
+
+def _last_lines(proc, n: int = 3) -> str:
+    return " | ".join(proc.lines[-n:])[-600:]

@@ -220,3 +220,19 @@ def test_an_empty_identity_file_left_by_a_killed_process_is_removed(tmp_path):
         assert not (folder / "worker-dead00.id").exists()
     finally:
         identity.release()
+
+
+@pytest.mark.parametrize(
+    "content",
+    ['{"last_round": ' + "9" * 5000 + "}", "[1, 2]", "[" * 100_000 + "]" * 100_000, b"\xff\xfe".decode("latin-1")],
+)
+def test_a_local_record_that_is_no_json_object_reads_as_empty(local_dir: str, held: list[Identity], content) -> None:
+    """An older version, a crash or a hand edit may leave anything there: a huge integer, a list, deep nesting."""
+    folder = identities_dir(local_dir)
+    folder.mkdir(parents=True)
+    (folder / "worker-000000.id").write_text(content)
+    identity = claim(held, local_dir, "worker", None)  # reading it must not raise
+    assert identity.node_id != "worker-000000"
+    assert claim(held, local_dir, "worker", "alice").read_local() == {"role": "worker"}
+    (folder / "alice.id").write_text(content)
+    assert held[-1].read_local() == {}

@@ -185,9 +185,7 @@ def test_run_redraws_in_the_foreground_and_lists_experiments_that_appear(folder,
 
 def test_run_ends_on_the_stop_button(folder, capsys):
     dash = Dashboard(LocalStorage(folder), refresh_s=0.1)
-    started = time.monotonic()
     dash.show()
-    one = time.monotonic() - started
     timer = threading.Timer(0.5, _thread.interrupt_main)  # what Colab's stop button does to the kernel
     timer.start()
     started = time.monotonic()
@@ -195,7 +193,9 @@ def test_run_ends_on_the_stop_button(folder, capsys):
         count = dash.run()  # no duration: until stopped
     finally:
         timer.cancel()
-    assert time.monotonic() - started < 2 * one + 2
+    # Ends on the interrupt instead of refreshing forever (a liveness bound, not a speed target: a loaded CI
+    # machine once took longer than twice one refresh + 2 s).
+    assert time.monotonic() - started < 60
     assert f"dashboard: {count} refreshes" in capsys.readouterr().out
     with pytest.raises(ValueError, match="refresh_s"):
         dash.run(0)

@@ -1,0 +1,304 @@
+"""The hostile classes of issue 14 as planters for the randomised trials (trials.run_mixed_trial).
+
+Each planter acts once, at the moment the trial chooses, on a running swarm: it writes what an attacker with
+write access to the folder (or a careless user) could, and returns a :class:`Planted` saying which paths are
+hostile (readers may reject them; the watcher skips them), which states are forged (the watcher's monotonic
+check ignores them), which nodes' logs it replaced, and which extra process it started. hostile.py's planters
+(truncated JSON, sparse 1 GiB files, FIFOs, forged groups, ...) are the class ``classic``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from faultkit import LAYOUT, Swarm
+from hostile import flood_batch, plant, plant_for_coordinator, plant_rollouts
+
+from swarm_gdrive.protocol.records import PeerRecord, RewardRecord, StateRecord, decode, encode
+
+#: A JSON integer longer than Python's int-conversion limit (4300 digits): ``json.loads`` raises ValueError.
+HUGE_INT = b"1" * 5000
+
+
+@dataclass
+class Planted:
+    """What one planter did."""
+
+    what: str
+    paths: set[str] = field(default_factory=set)  # hostile paths under the shared folder (files, folders, links)
+    forged_states: set[tuple[int, int, str]] = field(default_factory=set)  # (round, seq, run_id) the watcher ignores
+    tainted_logs: set[str] = field(default_factory=set)  # nodes whose log files the planter replaced
+    twin: object | None = None  # a second process with a running node's NODE_ID
+    twin_of: str | None = None
+
+
+@dataclass
+class Scene:
+    """The running trial, as a planter sees it."""
+
+    folder: Path
+    outside: Path  # a folder outside GDRIVE_PATH that links point into; it must stay as it is
+    tmp: Path
+    swarm: Swarm
+    run_id: str
+    round: int  # the round open now
+    workers: list[str]
+    spare: str  # a worker that is not killed in this trial
+    rng: random.Random
+    variant: str | None = None  # the class's variant to plant; None: one drawn with rng
+
+
+def _pick(scene: Scene, variants: list[str]) -> str:
+    if scene.variant is None:
+        return scene.rng.choice(variants)
+    if scene.variant not in variants:
+        raise ValueError(f"unknown variant {scene.variant!r}; use one of {variants}")
+    return scene.variant
+
+
+def _hostile_json(kind: str) -> bytes:
+    return b'{"schema_version": 1, "kind": "%s", "x": %s}' % (kind.encode(), HUGE_INT)
+
+
+def _write(scene: Scene, rel: str, data: bytes) -> str:
+    target = scene.folder / rel
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".hostile.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, target)
+    return rel
+
+
+def flash_state(scene: Scene, data: bytes, seconds: float = 0.6) -> None:
+    """Replace the state file with ``data`` for ``seconds``, then put back what was there, unless the coordinator
+    wrote meanwhile (its write replaced the forgery; putting the old one back would undo it)."""
+    path = scene.folder / LAYOUT.state_file
+    real = path.read_bytes()
+    _write(scene, LAYOUT.state_file, data)
+    time.sleep(seconds)  # the forgery's lifetime, chosen by the attacker
+    if path.read_bytes() == data:
+        _write(scene, LAYOUT.state_file, real)
+
+
+def _state(scene: Scene) -> StateRecord:
+    return decode((scene.folder / LAYOUT.state_file).read_bytes(), StateRecord)
+
+
+# -- the classes ---------------------------------------------------------------------------------------
+
+
+def classic(scene: Scene) -> Planted:
+    """hostile.py's files: broken and hostile rollouts of the next round, peers and rewards for the coordinator."""
+    seed = int(scene.swarm.env.get("SEED", "42"))
+    expected = plant_rollouts(scene.folder, LAYOUT, scene.run_id, scene.round + 1, seed)
+    expected |= plant_for_coordinator(scene.folder, LAYOUT, scene.run_id, scene.round + 2)
+    stage = LAYOUT.rollouts_stage_dir(scene.round + 1, 0)
+    paths = set(expected) | {f"{stage}/forger.json", f"{stage}/many.json"}
+    paths |= {LAYOUT.peer_file("fakecoord")} | {LAYOUT.reward_file(r, 0, "ghost") for r in range(scene.round + 2)}
+    return Planted("classic", paths)
+
+
+def huge_int(scene: Scene) -> Planted:
+    """A 5 KB file with an integer longer than the int-conversion limit, where a reader will parse it."""
+    where = _pick(scene, ["rollout", "peer", "reward", "state", "metrics"])
+    if where == "state":
+        flash_state(scene, _hostile_json("state"))
+        return Planted(f"huge_int in {where}", {LAYOUT.state_file})
+    rel = {
+        "rollout": LAYOUT.rollout_file(scene.round + 1, 0, "bigint"),
+        "peer": LAYOUT.peer_file("bigint"),
+        "reward": LAYOUT.reward_file(scene.round, 0, "bigint"),
+        "metrics": LAYOUT.metrics_file("bigint"),
+    }[where]
+    kind = {"rollout": "rollouts", "peer": "peer", "reward": "reward", "metrics": "metric"}[where]
+    data = _hostile_json(kind) + (b"\n" if where == "metrics" else b"")
+    return Planted(f"huge_int in {where}", {_write(scene, rel, data)})
+
+
+def type_confusion(scene: Scene) -> Planted:
+    """A file where a folder belongs and the reverse, a FIFO for a folder, in paths nodes are about to use."""
+    where = _pick(scene, ["file_for_round", "dir_for_reward", "fifo_for_round", "dir_for_state", "old_round"])
+    next_round = scene.round + 1
+    if where == "file_for_round":  # the next round's rewards folder is a regular file
+        rel = LAYOUT.rewards_dir + f"/round_{next_round}"
+        if not (scene.folder / rel).exists():
+            _write(scene, rel, b"not a folder")
+    elif where == "dir_for_reward":  # a folder where a worker's next reward file belongs
+        rel = LAYOUT.reward_file(next_round, 0, scene.spare)
+        (scene.folder / rel).mkdir(parents=True, exist_ok=True)
+    elif where == "fifo_for_round":  # the next round's rollouts folder is a FIFO
+        rel = LAYOUT.rollouts_round_dir(next_round)
+        if not (scene.folder / rel).exists():
+            plant(scene.folder, rel, fifo=True)
+    elif where == "dir_for_state":  # the coordinator's own file is a folder (its previous content gone)
+        rel = LAYOUT.state_file
+        target = scene.folder / rel
+        target.unlink(missing_ok=True)
+        target.mkdir()
+    else:  # with cleanup on, the coordinator prunes old round folders: a file named like a stage folder in one
+        rel = LAYOUT.rollouts_round_dir(0) + "/stage_7"
+        _write(scene, rel, b"not a folder")
+    return Planted(f"type_confusion {where}", {rel})
+
+
+def symlink(scene: Scene) -> Planted:
+    """A symbolic link inside the experiment that points outside GDRIVE_PATH."""
+    where = _pick(scene, ["events_file", "logs_folder", "round_folder", "reward_round"])
+    node = scene.spare
+    planted = Planted(f"symlink {where}")
+    if where == "events_file":  # the node's own training_events.jsonl
+        rel = LAYOUT.events_file(node)
+        (scene.folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (scene.folder / rel).unlink(missing_ok=True)
+        os.symlink(scene.outside / "events.jsonl", scene.folder / rel)
+        planted.tainted_logs.add(node)
+    elif where == "logs_folder":  # the node's logs folder, moved away and replaced by a link
+        rel = LAYOUT.logs_dir(node)
+        target = scene.folder / rel
+        if target.exists():
+            os.replace(target, scene.tmp / f"logs-{node}-moved-away")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(scene.outside, target)
+        planted.tainted_logs.add(node)
+    elif where == "round_folder":  # the next round's rollouts folder, before anyone creates it
+        rel = LAYOUT.rollouts_round_dir(scene.round + 1)
+        (scene.folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        if not (scene.folder / rel).exists():
+            os.symlink(scene.outside, scene.folder / rel)
+    else:
+        rel = LAYOUT.rewards_dir + f"/round_{scene.round + 1}"
+        (scene.folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        if not (scene.folder / rel).exists():
+            os.symlink(scene.outside, scene.folder / rel)
+    planted.paths.add(rel)
+    return planted
+
+
+def forged_state(scene: Scene) -> Planted:
+    """A forged state, visible for under a second."""
+    real = _state(scene)
+    change = {
+        "far_ahead": {"round": 999, "seq": 10**6, "max_rounds": 1000, "status": "running"},
+        "finished": {"round": real.max_rounds, "seq": 10**6, "status": "finished", "advance_reason": "finished"},
+        "other_run": {"run_id": "0123456789abcdef", "seq": real.seq + 1},
+        "other_coordinator": {"coordinator_id": "mallory", "round": real.round + 1, "seq": real.seq + 1},
+        "huge_seq": {"seq": 10**9},  # the same round, a seq the coordinator will never reach
+    }
+    change = change[_pick(scene, sorted(change))]
+    fake = real.model_copy(update={**change, "updated_at": time.time()})
+    flash_state(scene, encode(fake))
+    what = ", ".join(f"{k}={v}" for k, v in change.items() if k != "advance_reason")
+    return Planted(f"forged_state {what}", {LAYOUT.state_file}, {(fake.round, fake.seq, fake.run_id)})
+
+
+def portable_names(scene: Scene) -> Planted:
+    """Names that collide by case with a node's, or that Windows reserves, as peers, rewards and rollouts."""
+    now = time.time()
+    peer = PeerRecord(
+        node_id=scene.spare.upper(),
+        role="worker",
+        run_id=scene.run_id,
+        registered_at=now,
+        heartbeat=1,
+        heartbeat_at=now,
+        status="alive",
+    )
+    reward = RewardRecord(
+        node_id=scene.spare.upper(),
+        run_id=scene.run_id,
+        round=scene.round,
+        stage=0,
+        reward=1.0,
+        num_local_groups=1,
+        num_external_groups=0,
+        external_requested=0,
+        submitted_at=now,
+    )
+    seed = int(scene.swarm.env.get("SEED", "42"))
+    paths = {
+        _write(scene, LAYOUT.peer_file(peer.node_id), encode(peer)),
+        _write(scene, LAYOUT.reward_file(scene.round, 0, peer.node_id), encode(reward)),
+    }
+    for name in ("CON", "aux", "nul.txt", "lpt1", "w9."):
+        batch = flood_batch(name, scene.run_id, scene.round + 1, seed, 2, 4)
+        paths.add(_write(scene, LAYOUT.rollout_file(scene.round + 1, 0, name), encode(batch)))
+        paths.add(_write(scene, LAYOUT.peer_file(name), encode(peer.model_copy(update={"node_id": name}))))
+    return Planted("portable_names", paths)
+
+
+def bad_manifest(scene: Scene) -> Planted:
+    """Malformed checkpoint manifests under a worker's name (read by load_latest and pruning)."""
+    node = scene.spare
+    deep = b"[" * 100_000 + b"]" * 100_000
+    huge = b'{"kind": "checkpoint", "round": %s, "node_id": "%s", "files": {}}' % (HUGE_INT, node.encode())
+    wrong = json.dumps({"kind": "checkpoint", "round": 3, "node_id": node, "files": [1, 2]}).encode()
+    paths = set()
+    for round_, data in ((1, deep), (2, huge), (3, wrong)):
+        paths.add(_write(scene, f"{LAYOUT.checkpoint_dir(node, round_)}/checkpoint.json", data))
+    paths.add(_write(scene, f"{LAYOUT.checkpoint_dir(node.upper(), 4)}/checkpoint.json", huge))
+    return Planted("bad_manifest", paths)
+
+
+def unregistered_flood(scene: Scene, files: int = 12) -> Planted:
+    """Many valid rollout batches (1 MiB each) of names that never registered, in the next stage folder."""
+    seed = int(scene.swarm.env.get("SEED", "42"))
+    paths = set()
+    for i in range(files):
+        batch = flood_batch(f"flood{i}", scene.run_id, scene.round + 1, seed, 2, 64)
+        long = [g.model_copy(update={"completions": ["0" * 8192] * 64}) for g in batch.groups]
+        data = encode(batch.model_copy(update={"groups": long}))
+        paths.add(_write(scene, LAYOUT.rollout_file(scene.round + 1, 0, f"flood{i}"), data))
+    return Planted(f"unregistered_flood {files} files", paths)
+
+
+def twin(scene: Scene) -> Planted:
+    """A second process with a running worker's NODE_ID, on another machine (another SWARM_LOCAL_DIR)."""
+    proc = scene.swarm.start("twin", node=scene.spare, SWARM_LOCAL_DIR=str(scene.tmp / "twin-local"))
+    return Planted(f"twin of {scene.spare}", twin=proc, twin_of=scene.spare)
+
+
+CLASSES: dict[str, Callable[[Scene], Planted]] = {
+    "classic": classic,
+    "huge_int": huge_int,
+    "type_confusion": type_confusion,
+    "symlink": symlink,
+    "forged_state": forged_state,
+    "portable_names": portable_names,
+    "bad_manifest": bad_manifest,
+    "unregistered_flood": unregistered_flood,
+    "twin": twin,
+}
+
+
+class Planter(threading.Thread):
+    """Runs one planter once the chosen round has opened plus a delay; keeps what it planted (or why it failed).
+
+    ``name`` is a class of :data:`CLASSES`, or ``class:variant`` to plant that variant rather than one drawn.
+    """
+
+    def __init__(self, scene_for: Callable[[int], Scene], name: str, round_: int, delay: float) -> None:
+        super().__init__(daemon=True)
+        self.cls, _, self.variant = name.partition(":")
+        if self.cls not in CLASSES:
+            raise ValueError(f"unknown hostile class {self.cls!r}; use one of {sorted(CLASSES)}")
+        self.scene_for, self.round, self.delay = scene_for, round_, delay
+        self.planted: Planted | None = None
+        self.error: str | None = None
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        try:
+            scene = self.scene_for(self.round)  # waits for the round
+            scene.variant = self.variant or None
+            if self.halt.wait(self.delay):
+                return
+            self.planted = CLASSES[self.cls](scene)
+        except Exception as exc:  # noqa: BLE001 - a planter that could not act is reported with the trial
+            self.error = f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,32 @@
+"""The randomised mix of issue 14 in CI: a few trials, each a hostile class planted at a random moment of a real swarm
+while a random node is SIGKILLed and restarted (trials.run_mixed_trial); the long run is
+``python tests/faults/run_trials.py --kinds mixed --trials 200 --seed 14``."""
+
+from __future__ import annotations
+
+import pytest
+from trials import run_mixed_trial
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.mark.parametrize(
+    ("cls", "seed"),
+    [
+        ("forged_state", 1),
+        ("twin", 2),
+        ("huge_int:metrics", 3),
+        ("symlink:events_file", 4),
+        ("type_confusion:dir_for_reward", 5),
+        ("bad_manifest", 6),
+    ],
+)
+def test_a_hostile_class_at_a_random_moment_with_a_kill_costs_nothing(tmp_path, cls, seed):
+    result = run_mixed_trial(tmp_path, cls, seed)
+    assert result.planted and "not planted" not in result.planted, result.planted
+    report = f"{result.planted}; victim {result.victim}: {result}"
+    assert not result.crashes, report
+    assert result.lost == 0, report
+    assert result.outside_bytes == 0, report
+    assert not result.unable_to_restart, report
+    assert not result.problems, report

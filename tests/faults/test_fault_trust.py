@@ -1,0 +1,208 @@
+"""What a worker believes of the folder (GDRIVE_IMPLEMENTATION.md §5.5, §7): a forged state visible for a moment is
+never played, one that stays is played but cannot brick the worker, a poisoned local record is reconciled with the
+coordinator's state, and a second process with the same NODE_ID is refused at start or stops once it sees the other."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from faultkit import (
+    LAYOUT,
+    Swarm,
+    assert_every_round_submitted,
+    assert_swarm_finished,
+    events,
+    read_record,
+    swarm_env,
+    wait_until,
+)
+
+from swarm_gdrive.protocol.records import ExperimentRecord, StateRecord, encode
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROUNDS = 3
+
+
+def local_record(folder: Path, node: str) -> dict:
+    """The node-local record of ``node`` (its identity file, under fast_env's SWARM_LOCAL_DIR)."""
+    path = folder.parent / f"{folder.name}-local" / LAYOUT.experiment / "identities" / f"{node}.id"
+    return json.loads(path.read_text())
+
+
+def replace(path: Path, data: bytes) -> None:
+    """Atomically, as a writer of the folder would."""
+    tmp = path.with_name(".planted.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def forged(real: StateRecord, variant: str) -> StateRecord:
+    change = {
+        "far_ahead": {"round": 999, "status": "running", "seq": 10**6, "max_rounds": 1000},
+        "finished": {"round": ROUNDS, "status": "finished", "seq": 10**6, "advance_reason": "finished"},
+        "other_run": {"run_id": "0123456789abcdef", "status": "running", "seq": real.seq + 1},
+        "other_coordinator": {"coordinator_id": "mallory", "status": "running", "seq": real.seq + 1},
+    }[variant]
+    return real.model_copy(update={**change, "updated_at": time.time()})
+
+
+def two_workers_waiting(tmp_path: Path, **extra: object) -> tuple[Path, Swarm]:
+    """A coordinator waiting for 3 workers, and w1 and w2 joined and polling the state."""
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = swarm_env(folder, MAX_ROUNDS=ROUNDS, MIN_WORKERS=3, COORDINATOR_WAIT_TIMEOUT=20, **extra)
+    swarm = Swarm(folder, env, ["w1", "w2", "w3"])
+    swarm.start("coord")
+    swarm.start("w1")
+    swarm.start("w2")
+    joined = [folder / LAYOUT.peer_file(w) for w in ("w1", "w2")]
+    wait_until(lambda: all(p.exists() for p in joined), 60, "w1 and w2 joined", swarm.procs)
+    return folder, swarm
+
+
+def assert_finished_normally(folder: Path, swarm: Swarm, also_played: frozenset[int] = frozenset()) -> None:
+    codes = swarm.wait(timeout=120)
+    assert codes == {"coord": 0, "w1": 0, "w2": 0, "w3": 0}, swarm.tails()
+    assert_swarm_finished(folder, ROUNDS)
+    for w in ("w1", "w2", "w3"):
+        assert_every_round_submitted(folder, w, range(ROUNDS))
+        assert local_record(folder, w)["last_round"] == ROUNDS - 1
+    played = {p.name for p in (folder / LAYOUT.rewards_dir).iterdir()}
+    assert played == {f"round_{r}" for r in {*range(ROUNDS), *also_played}}, played
+
+
+@pytest.mark.parametrize(
+    ("variant", "reason"),
+    [
+        ("far_ahead", "round 999 seq 1000000: round 999 is more than one round ahead of round 0"),
+        ("finished", "it finishes the experiment, and it went away"),
+        ("other_run", "run_id 0123456789abcdef is not experiment.json's"),
+        ("other_coordinator", "written by coordinator 'mallory', not experiment.json's 'coord'"),
+    ],
+)
+def test_a_forged_state_visible_for_under_a_second_is_never_played(tmp_path, variant, reason):
+    folder, swarm = two_workers_waiting(tmp_path)
+    try:
+        state_file = folder / LAYOUT.state_file
+        real = state_file.read_bytes()
+        fake = encode(forged(read_record(folder, LAYOUT.state_file, StateRecord), variant))
+        replace(state_file, fake)
+        time.sleep(0.6)  # the forgery's lifetime: both workers poll the state at least every 0.5 s
+        assert state_file.read_bytes() == fake  # nobody else wrote meanwhile: the coordinator waits for w3
+        replace(state_file, real)
+        said = f"rejected {LAYOUT.state_file}: "
+
+        def settled() -> bool:  # both rejected it; or (the bug) one acted on it: played it, or exited
+            acted = any(p.returncode is not None or any("stage 0: reward" in x for x in p.lines) for p in swarm.procs)
+            return acted or all(any(said in x for x in p.lines) for p in swarm.procs[1:3])
+
+        wait_until(settled, 30, "rejections", [])
+        swarm.start("w3")
+        assert_finished_normally(folder, swarm)
+    finally:
+        swarm.stop()
+    for w in ("w1", "w2"):
+        rejected = [e.message for e in events(folder, w) if e.event == "file_rejected"]
+        assert rejected and all(m.startswith(LAYOUT.state_file) for m in rejected), rejected
+        assert any(reason in m for m in rejected), rejected
+        assert not [e for e in events(folder, w) if e.event in ("round_skipped", "progress_reconciled")]
+
+
+def test_a_forged_state_that_stays_is_played_but_the_worker_returns_to_the_coordinators_rounds(tmp_path):
+    folder, swarm = two_workers_waiting(tmp_path)
+    try:
+        state_file = folder / LAYOUT.state_file
+        real = state_file.read_bytes()
+        fake = forged(read_record(folder, LAYOUT.state_file, StateRecord), "far_ahead").model_copy(update={"round": 50})
+        replace(state_file, encode(fake))
+        played = [folder / LAYOUT.reward_file(50, 0, w) for w in ("w1", "w2")]
+        wait_until(lambda: all(p.exists() for p in played), 30, "round 50 played", swarm.procs)
+        replace(state_file, real)
+        swarm.start("w3")
+        assert_finished_normally(folder, swarm, also_played=frozenset({50}))
+    finally:
+        swarm.stop()
+    for w in ("w1", "w2"):
+        log = events(folder, w)
+        (back,) = [e for e in log if e.event == "progress_reconciled"]
+        assert (back.data["from_round"], back.data["to_round"]) == (51, 0), back
+        assert any("round 50 seq 1000000, played earlier, was not the coordinator's" in e.message for e in log)
+
+
+def test_a_worker_whose_local_record_says_a_round_never_opened_goes_on_with_the_coordinators(tmp_path):
+    """An older version stored a forged state's round as last_round: every restart waited for round 1000."""
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = swarm_env(folder, MAX_ROUNDS=ROUNDS, MIN_WORKERS=2, COORDINATOR_WAIT_TIMEOUT=20)
+    swarm = Swarm(folder, env, ["w1", "w2"])
+    try:
+        swarm.start("coord")
+        wait_until((folder / LAYOUT.experiment_file).exists, 60, "experiment.json", swarm.procs)
+        run_id = read_record(folder, LAYOUT.experiment_file, ExperimentRecord).run_id
+        identities = folder.parent / f"{folder.name}-local" / LAYOUT.experiment / "identities"
+        identities.mkdir(parents=True, exist_ok=True)
+        (identities / "w1.id").write_text(json.dumps({"role": "worker", "run_id": run_id, "last_round": 999}))
+        swarm.start("w1")
+        swarm.start("w2")
+        codes = swarm.wait(timeout=120)
+    finally:
+        swarm.stop()
+    assert codes == {"coord": 0, "w1": 0, "w2": 0}, swarm.tails()
+    assert_every_round_submitted(folder, "w1", range(ROUNDS))
+    (back,) = [e for e in events(folder, "w1") if e.event == "progress_reconciled"]
+    assert (back.data["from_round"], back.data["to_round"]) == (1000, 0), back
+    assert local_record(folder, "w1")["last_round"] == ROUNDS - 1
+
+
+def test_a_second_process_with_a_running_nodes_id_refuses_to_start(tmp_path):
+    """Another machine (here: another SWARM_LOCAL_DIR, so the local lock cannot see it) with NODE_ID=w1."""
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = swarm_env(folder, MAX_ROUNDS=6, MIN_WORKERS=2)
+    swarm = Swarm(folder, env, ["w1", "w2"])
+    try:
+        swarm.start_all()
+        state = folder / LAYOUT.state_file
+        wait_until(lambda: state.exists() and b'"round":1,' in state.read_bytes(), 60, "round 1", swarm.procs)
+        twin = swarm.start("twin", node="w1", SWARM_LOCAL_DIR=str(tmp_path / "elsewhere"))
+        assert twin.wait(timeout=30) == 2, twin.lines[-5:]
+        codes = swarm.wait(timeout=120)
+    finally:
+        swarm.stop()
+    assert codes == {"coord": 0, "w1": 0, "w2": 0, "twin": 2}, swarm.tails()
+    (line,) = [x for x in twin.lines if "error:" in x]
+    assert "NODE_ID='w1': another process is already running as this node" in line, line
+    assert "stop it first, or give this node another NODE_ID" in line, line
+    assert len([e for e in events(folder, "w1") if e.event == "worker_started"]) == 1  # the twin wrote nothing
+    assert_every_round_submitted(folder, "w1", range(6))
+
+
+def test_two_processes_started_together_with_one_node_id_see_each_other_and_the_later_one_stops(tmp_path):
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = swarm_env(folder, MAX_ROUNDS=ROUNDS, MIN_WORKERS=2)
+    swarm = Swarm(folder, env, ["w1", "w2"])
+    try:
+        first = swarm.start("w1")
+        second = swarm.start("twin", node="w1", SWARM_LOCAL_DIR=str(tmp_path / "elsewhere"))
+        swarm.start("w2")
+        swarm.start("coord")  # no experiment yet when the workers start: nothing to see at start
+        codes = swarm.wait(timeout=120)
+    finally:
+        swarm.stop()
+    assert sorted([codes.pop("w1"), codes.pop("twin")]) == [0, 3], swarm.tails()
+    assert codes == {"coord": 0, "w2": 0}, swarm.tails()
+    stopped, stayed = (first, second) if first.returncode == 3 else (second, first)
+    assert any("this one, started later, stops" in x for x in stopped.lines), stopped.lines[-10:]
+    assert any("another process is writing" in x and "NODE_ID='w1'" in x for x in stayed.lines), stayed.lines[-10:]
+    log = events(folder, "w1")
+    assert len([e for e in log if e.event == "node_id_conflict"]) == 2
+    assert [e.message for e in log if e.event == "worker_gave_up"] == [
+        next(e.message for e in log if "started later, stops" in e.message)
+    ]
+    assert_swarm_finished(folder, ROUNDS)
