@@ -6,6 +6,7 @@ from __future__ import annotations
 import _thread
 import dataclasses
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -184,6 +185,16 @@ def test_run_redraws_in_the_foreground_and_lists_experiments_that_appear(folder,
 
 
 def test_run_ends_on_the_stop_button(folder, capsys):
+    # A notebook kernel handles SIGINT with Python's default handler; pytest started as a background job of a shell
+    # inherits SIGINT ignored, where interrupt_main() does nothing, so the kernel's handler is set here.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _stop_button(folder, capsys)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop_button(folder, capsys):
     dash = Dashboard(LocalStorage(folder), refresh_s=0.1)
     dash.show()
     timer = threading.Timer(0.5, _thread.interrupt_main)  # what Colab's stop button does to the kernel
