@@ -198,6 +198,12 @@ def forged_state(scene: Scene) -> Planted:
     return Planted(f"forged_state {what}", {LAYOUT.state_file}, {(fake.round, fake.seq, fake.run_id)})
 
 
+def _named(path_of, name: str, *args) -> str:
+    """``path_of(*args, name)`` for a name the layout refuses (uppercase, reserved on Windows): an attacker writes
+    files directly, without the layout's checks."""
+    return path_of(*args, "zzname").replace("zzname", name)
+
+
 def portable_names(scene: Scene) -> Planted:
     """Names that collide by case with a node's, or that Windows reserves, as peers, rewards and rollouts."""
     now = time.time()
@@ -223,13 +229,13 @@ def portable_names(scene: Scene) -> Planted:
     )
     seed = int(scene.swarm.env.get("SEED", "42"))
     paths = {
-        _write(scene, LAYOUT.peer_file(peer.node_id), encode(peer)),
-        _write(scene, LAYOUT.reward_file(scene.round, 0, peer.node_id), encode(reward)),
+        _write(scene, _named(LAYOUT.peer_file, peer.node_id), encode(peer)),
+        _write(scene, _named(LAYOUT.reward_file, peer.node_id, scene.round, 0), encode(reward)),
     }
     for name in ("CON", "aux", "nul.txt", "lpt1", "w9."):
         batch = flood_batch(name, scene.run_id, scene.round + 1, seed, 2, 4)
-        paths.add(_write(scene, LAYOUT.rollout_file(scene.round + 1, 0, name), encode(batch)))
-        paths.add(_write(scene, LAYOUT.peer_file(name), encode(peer.model_copy(update={"node_id": name}))))
+        paths.add(_write(scene, _named(LAYOUT.rollout_file, name, scene.round + 1, 0), encode(batch)))
+        paths.add(_write(scene, _named(LAYOUT.peer_file, name), encode(peer.model_copy(update={"node_id": name}))))
     return Planted("portable_names", paths)
 
 
@@ -242,7 +248,8 @@ def bad_manifest(scene: Scene) -> Planted:
     paths = set()
     for round_, data in ((1, deep), (2, huge), (3, wrong)):
         paths.add(_write(scene, f"{LAYOUT.checkpoint_dir(node, round_)}/checkpoint.json", data))
-    paths.add(_write(scene, f"{LAYOUT.checkpoint_dir(node.upper(), 4)}/checkpoint.json", huge))
+    upper = LAYOUT.checkpoint_dir("zzname", 4).replace("zzname", node.upper())
+    paths.add(_write(scene, f"{upper}/checkpoint.json", huge))
     return Planted("bad_manifest", paths)
 
 

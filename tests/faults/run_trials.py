@@ -72,6 +72,9 @@ def mixed_trial(rng: random.Random, tmp: Path, classes: list[str]) -> dict:
     error = "; ".join([*r.crashes, *r.unable_to_restart, *r.problems])[:4000]
     if r.outside_bytes:
         error = f"{r.outside_bytes} bytes written outside the folder; {error}"
+    planted = "not planted" not in r.planted  # a trial whose hostile file never landed proved nothing
+    if not planted:
+        error = f"{r.planted}; {error}"
     return {
         "fault": f"mixed: {cls}",
         "planted": r.planted,
@@ -79,13 +82,13 @@ def mixed_trial(rng: random.Random, tmp: Path, classes: list[str]) -> dict:
         "kill_round": r.kill_round,
         "plant_round": r.plant_round,
         "seed": seed,
-        "ok": r.ok,
+        "ok": r.ok and planted,
         "crashes": len(r.crashes),
         "lost": r.lost,
         "outside_bytes": r.outside_bytes,
         "unable_to_restart": len(r.unable_to_restart),
         "seconds": round(r.seconds, 1),
-        **({"error": error} if not r.ok else {}),
+        **({"error": error} if not (r.ok and planted) else {}),
     }
 
 

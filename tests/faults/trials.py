@@ -494,9 +494,14 @@ def _reader_sweep(folder: Path, tmp: Path) -> list[str]:
         crashes.append(f"monitor.load/findings/status_table: {type(exc).__name__}: {str(exc)[:300]}")
     checkpoints = folder / LAYOUT.root / "checkpoints"
     if checkpoints.is_dir():
+        from swarm_gdrive.names import InvalidNameError, validate_name
         from swarm_gdrive.training.checkpoint import load_latest
 
         for node in sorted(p.name for p in checkpoints.iterdir()):
+            try:
+                validate_name(node, "node id")
+            except InvalidNameError:
+                continue  # no worker can have this NODE_ID (it exits 2), so none loads from this folder
             try:
                 load_latest(storage, LAYOUT, node, tmp / "restore" / node)
             except Exception as exc:  # noqa: BLE001 - a restarted grpo worker would die of it
