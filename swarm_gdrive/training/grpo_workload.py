@@ -117,7 +117,6 @@ class GRPOWorkload:
             )
         self.codec = CompletionCodec(tokenizer, self.trainer.eos_ids, config.max_new_tokens)
         self.share_ids = self._ids_fit(config)
-        self._received: list[Received] = []
         self._local_ids: dict[str, tuple[list[int], list[list[int]]]] = {}
         self._generation: dict[str, float] = {}
         self._last_checkpoint: int | None = None
@@ -194,10 +193,10 @@ class GRPOWorkload:
         )
 
     def train(self, ctx: StageContext, local: list[ScoredGroup], external: list[ScoredGroup]) -> dict[str, float]:
-        self._received = []
-        groups = [self._local_group(g) for g in local] + [self._external_group(g) for g in external]
+        outside = [self._external_group(g) for g in external]
+        groups = [self._local_group(g) for g in local] + [group for group, _ in outside]
         metrics = self.trainer.step(groups)
-        metrics.update(external_metrics(self._received))
+        metrics.update(external_metrics([r for _, received in outside for r in received]))
         local_rewards = [r for g in local for r in g.rewards]
         external_rewards = [r for g in external for r in g.rewards]
         lengths = [len(c) for g in groups for c in g.completion_ids]
@@ -218,8 +217,9 @@ class GRPOWorkload:
         prompt, ids = self._local_ids[scored.group.group_id]
         return TrainGroup(prompt, ids, list(scored.rewards))
 
-    def _external_group(self, scored: ScoredGroup) -> TrainGroup:
-        """Another node's group, trained on its sampled ids where they are usable (:mod:`.completions`)."""
+    def _external_group(self, scored: ScoredGroup) -> tuple[TrainGroup, list[Received]]:
+        """Another node's group, on its sampled ids where they are usable (:mod:`.completions`), and how each
+        completion's ids were obtained."""
         group = scored.group
         prompt = self.trainer.prompt_ids(build_messages(group.question))
         n = len(group.completions)
@@ -229,8 +229,7 @@ class GRPOWorkload:
             self.codec.incoming(text, reason, ids, group.tokenizer)
             for text, reason, ids in zip(group.completions, reasons, sampled, strict=True)
         ]
-        self._received.extend(received)
-        return TrainGroup(prompt, [r.ids for r in received], list(scored.rewards))
+        return TrainGroup(prompt, [r.ids for r in received], list(scored.rewards)), received
 
     # -- evaluation ------------------------------------------------------------------------
 

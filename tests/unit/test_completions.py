@@ -286,7 +286,7 @@ def test_peers_train_an_external_group_on_exactly_the_ids_its_sender_trains_on(
     scored = [ScoredGroup("w1", g, tuple(float(i % 2) for i in range(len(g.completions)))) for g in groups]
 
     local = [workload._local_group(s).completion_ids for s in scored]
-    external = [workload._external_group(s).completion_ids for s in scored]
+    external = [workload._external_group(s)[0].completion_ids for s in scored]
 
     assert external == local
     flat = [c for g in local for c in g]
@@ -304,6 +304,23 @@ def test_peers_train_an_external_group_on_exactly_the_ids_its_sender_trains_on(
     metrics = workload.train(StageContext("w1", 0, 0, 42), scored[:1], scored[1:])
     assert metrics["external/completions"] == 8.0 and metrics["external/sampled_ids"] == 8.0
     assert metrics["external/retokenized"] == 0.0 and metrics["external/ids_rejected"] == 0.0
+
+    # A forger's copy: the same texts (so the same rewards) with other ids; and an older writer's, without ids.
+    honest = groups[1]
+    forged = honest.model_copy(
+        update={"token_ids": [list(reversed(ids or [])) + [7] for ids in honest.token_ids or []]}
+    )
+    older = honest.model_copy(update={"stop_reasons": None, "tokenizer": None, "token_ids": None})
+    rewards = scored[1].rewards
+    bad = [ScoredGroup("w2", forged, rewards), ScoredGroup("w3", older, rewards)]
+    trained = [workload._external_group(s)[0].completion_ids for s in bad]
+    retokenized = [workload.codec.encode(t) for t in honest.completions]
+    assert trained[0] == [
+        workload.codec.finish(ids, r == "eos") for ids, r in zip(retokenized, honest.stop_reasons or [], strict=True)
+    ]
+    assert trained[1] == [ids[:8] for ids in retokenized]  # no stop reasons: never an eos
+    metrics = workload.train(StageContext("w1", 0, 0, 42), scored[:1], bad)
+    assert metrics["external/ids_rejected"] == 4.0 and metrics["external/retokenized"] == 8.0
 
 
 def test_an_answer_prefix_that_fills_max_new_tokens_is_refused(tmp_path: Path, tiny_folder: Path) -> None:
