@@ -108,6 +108,14 @@ def test_same_tokenizer_trains_on_exactly_the_sampled_ids_even_when_text_would_r
     assert metrics["external/sampled_ids"] == 1.0 and metrics["external/retokenize_differs"] == 1.0
 
 
+def test_a_saved_and_reloaded_tokenizer_keeps_its_fingerprint(tokenizer: Any, tmp_path: Path) -> None:
+    """A checkpoint's tokenizer (a resumed node) is the original's: peers keep using each other's ids."""
+    from transformers import AutoTokenizer
+
+    tokenizer.save_pretrained(tmp_path)
+    assert tokenizer_fingerprint(AutoTokenizer.from_pretrained(tmp_path)) == tokenizer_fingerprint(tokenizer)
+
+
 def test_another_tokenizer_re_tokenizes_and_is_counted(tokenizer: Any) -> None:
     other = copy.deepcopy(tokenizer)
     other.add_tokens(["<answer>7"])
