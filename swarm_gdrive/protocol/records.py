@@ -35,6 +35,15 @@ MAX_GROUPS_PER_BATCH = 512
 MAX_COMPLETIONS_PER_GROUP = 64
 MAX_COMPLETION_CHARS = 16_384
 MAX_QUESTION_CHARS = 16_384
+#: The most token ids one completion may carry: the upper bound of MAX_NEW_TOKENS (config).
+MAX_COMPLETION_TOKENS = 4096
+
+#: A sampled token id; real vocabularies are far smaller, and the receiver checks it against its own.
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+#: ``tokenizer_fingerprint()``: 16 hex chars of a sha256 over the writer's tokenizer.
+TokenizerFingerprint = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
+#: Why a completion ended: the model sampled an eos token, or it reached the cap of new tokens.
+StopReason = Literal["eos", "length"]
 
 #: Size caps per kind, checked before a file is parsed.
 MAX_BYTES = {
@@ -136,8 +145,17 @@ class Provenance(BaseModel):
     index: Annotated[int, Field(ge=0, le=2**31)]
 
 
+def _is_none(value: object) -> bool:
+    return value is None
+
+
 class RolloutGroup(BaseModel):
-    """G completions of one question. ``rewards`` are the writer's claim: never used for scoring."""
+    """G completions of one question. ``rewards`` are the writer's claim: never used for scoring.
+
+    ``stop_reasons``, ``tokenizer`` and ``token_ids`` are optional (records of older versions lack them):
+    one stop reason per completion; the sampled ids of each completion (eos left out, None where the writer
+    did not send them), meaningful only to a reader whose tokenizer has the same fingerprint.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
@@ -149,11 +167,27 @@ class RolloutGroup(BaseModel):
         min_length=1, max_length=MAX_COMPLETIONS_PER_GROUP
     )
     rewards: list[float] = Field(max_length=MAX_COMPLETIONS_PER_GROUP)
+    # Left out of the JSON when absent, so that a group without them reads as it did in older versions.
+    stop_reasons: list[StopReason] | None = Field(
+        default=None, max_length=MAX_COMPLETIONS_PER_GROUP, exclude_if=_is_none
+    )
+    tokenizer: TokenizerFingerprint | None = Field(default=None, exclude_if=_is_none)
+    token_ids: list[Annotated[list[TokenId], Field(max_length=MAX_COMPLETION_TOKENS)] | None] | None = Field(
+        default=None, max_length=MAX_COMPLETIONS_PER_GROUP, exclude_if=_is_none
+    )
 
     @model_validator(mode="after")
     def _same_length(self) -> RolloutGroup:
-        if len(self.rewards) != len(self.completions):
+        n = len(self.completions)
+        if len(self.rewards) != n:
             raise ValueError("rewards and completions differ in length")
+        if self.stop_reasons is not None and len(self.stop_reasons) != n:
+            raise ValueError("stop_reasons and completions differ in length")
+        if self.token_ids is not None:
+            if len(self.token_ids) != n:
+                raise ValueError("token_ids and completions differ in length")
+            if self.tokenizer is None:
+                raise ValueError("token_ids without the tokenizer fingerprint they belong to")
         return self
 
 

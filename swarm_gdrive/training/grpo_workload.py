@@ -21,11 +21,12 @@ import torch
 
 from swarm_gdrive.config import Config
 from swarm_gdrive.protocol.layout import Layout
-from swarm_gdrive.protocol.records import RolloutGroup, TaskEval
+from swarm_gdrive.protocol.records import MAX_BYTES, RolloutGroup, TaskEval
 from swarm_gdrive.protocol.sapo import ScoredGroup, rng_for
 from swarm_gdrive.protocol.workload import StageContext
 from swarm_gdrive.storage import Storage
 from swarm_gdrive.training import checkpoint, grpo, hub
+from swarm_gdrive.training.completions import CompletionCodec, Received, external_metrics
 from swarm_gdrive.training.curriculum import curriculum_step
 from swarm_gdrive.training.models import load_model_and_tokenizer, resolve_model
 from swarm_gdrive.training.policy import PolicyTrainer, TrainGroup, TrainSettings, peak_memory_mb, pick_device
@@ -33,6 +34,9 @@ from swarm_gdrive.training.rewards import ANSWER_OPEN
 from swarm_gdrive.training.tasks import TaskBank, build_messages, parse_task_mix, question_rng
 
 logger = logging.getLogger(__name__)
+
+#: Of a rollout file's cap, what its token ids may take at most (the rest is for texts and the like).
+IDS_SHARE_OF_CAP = 0.5
 
 
 def settings_from(config: Config) -> TrainSettings:
@@ -101,6 +105,18 @@ class GRPOWorkload:
             self.device,
             time.monotonic() - started,
         )
+        self.prefix = ANSWER_OPEN if config.answer_prefix else ""
+        self.prefix_ids: list[int] = (
+            tokenizer(self.prefix, add_special_tokens=False)["input_ids"] if self.prefix else []
+        )
+        if len(self.prefix_ids) >= config.max_new_tokens:
+            raise ValueError(
+                f"MAX_NEW_TOKENS={config.max_new_tokens} leaves no room after the {len(self.prefix_ids)} tokens of "
+                f"the answer prefix {self.prefix!r}, which count against it: raise MAX_NEW_TOKENS or set "
+                "ANSWER_PREFIX=false"
+            )
+        self.codec = CompletionCodec(tokenizer, self.trainer.eos_ids, config.max_new_tokens)
+        self.share_ids = self._ids_fit(config)
         self._local_ids: dict[str, tuple[list[int], list[list[int]]]] = {}
         self._generation: dict[str, float] = {}
         self._last_checkpoint: int | None = None
@@ -115,13 +131,14 @@ class GRPOWorkload:
         questions = self.bank.draw(
             self.config.num_train_samples, question_rng(ctx.seed, ctx.node_id, ctx.round, ctx.stage)
         )
-        prefix = ANSWER_OPEN if self.config.answer_prefix else ""
-        prefix_ids = self.trainer.tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
+        prefix, prefix_ids = self.prefix, self.prefix_ids
         bare = [self.trainer.prompt_ids(build_messages(q.question)) for q in questions]  # what is trained on
         # Generation tokenizes the prompt with the prefix attached (not bare + prefix_ids: the boundary may merge).
         prompts = [self.trainer.prompt_ids(build_messages(q.question), prefix) for q in questions] if prefix else bare
         seed = rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="sampling").randrange(2**31)
-        gen = self.trainer.generate(prompts, self.config.num_generations, seed)
+        # The prefix is part of the completion, so it counts against MAX_NEW_TOKENS as for an external one.
+        budget = self.config.max_new_tokens - len(prefix_ids)
+        gen = self.trainer.generate(prompts, self.config.num_generations, seed, max_new_tokens=budget)
         self._generation = {
             "gen/seconds": gen.seconds,
             "gen/new_tokens": float(gen.new_tokens),
@@ -134,7 +151,8 @@ class GRPOWorkload:
         ):
             group_id = f"r{ctx.round}-s{ctx.stage}-g{i}"
             # A forced prefix is part of the completion that is shared, scored and trained on.
-            texts = [prefix + text for text in generated]
+            out = [self.codec.outgoing(prefix, prefix_ids, c, text) for c, text in zip(ids, generated, strict=True)]
+            texts = [o.text for o in out]
             self._local_ids[group_id] = (prompt, [prefix_ids + c for c in ids])
             yield RolloutGroup(
                 group_id=group_id,
@@ -143,7 +161,25 @@ class GRPOWorkload:
                 provenance=question.provenance,
                 completions=texts,
                 rewards=list(self._score(question.entry, texts)),
+                stop_reasons=[o.stop_reason for o in out],
+                tokenizer=self.codec.fingerprint if self.share_ids else None,
+                token_ids=[o.token_ids for o in out] if self.share_ids else None,
             )
+
+    def _ids_fit(self, config: Config) -> bool:
+        """Whether a stage's sampled ids fit in half a rollout file's cap, at worst (I x G x MAX_NEW_TOKENS ids of
+        the longest id's digits and a comma); beyond it they are not shared, and peers re-tokenize the texts."""
+        per_id = len(str(max(self.codec.vocab_size - 1, 0))) + 1
+        worst = config.num_train_samples * config.num_generations * config.max_new_tokens * per_id
+        fits = worst <= MAX_BYTES["rollouts"] * IDS_SHARE_OF_CAP
+        if not fits:
+            logger.warning(
+                "sampled token ids are not shared: up to %d bytes of them a stage (NUM_TRAIN_SAMPLES x NUM_GENERATIONS"
+                " x MAX_NEW_TOKENS) would not leave room for the texts in a %d-byte rollout file",
+                worst,
+                MAX_BYTES["rollouts"],
+            )
+        return fits
 
     def rescore(self, ctx: StageContext, group: RolloutGroup) -> tuple[float, ...] | None:
         entry = self.bank.regenerate(group)
@@ -157,8 +193,10 @@ class GRPOWorkload:
         )
 
     def train(self, ctx: StageContext, local: list[ScoredGroup], external: list[ScoredGroup]) -> dict[str, float]:
-        groups = [self._local_group(g) for g in local] + [self._external_group(g) for g in external]
+        outside = [self._external_group(g) for g in external]
+        groups = [self._local_group(g) for g in local] + [group for group, _ in outside]
         metrics = self.trainer.step(groups)
+        metrics.update(external_metrics([r for _, received in outside for r in received]))
         local_rewards = [r for g in local for r in g.rewards]
         external_rewards = [r for g in external for r in g.rewards]
         lengths = [len(c) for g in groups for c in g.completion_ids]
@@ -179,10 +217,19 @@ class GRPOWorkload:
         prompt, ids = self._local_ids[scored.group.group_id]
         return TrainGroup(prompt, ids, list(scored.rewards))
 
-    def _external_group(self, scored: ScoredGroup) -> TrainGroup:
-        prompt = self.trainer.prompt_ids(build_messages(scored.group.question))
-        ids = [self.trainer.completion_ids(text) for text in scored.group.completions]
-        return TrainGroup(prompt, ids, list(scored.rewards))
+    def _external_group(self, scored: ScoredGroup) -> tuple[TrainGroup, list[Received]]:
+        """Another node's group, on its sampled ids where they are usable (:mod:`.completions`), and how each
+        completion's ids were obtained."""
+        group = scored.group
+        prompt = self.trainer.prompt_ids(build_messages(group.question))
+        n = len(group.completions)
+        reasons = group.stop_reasons or [None] * n
+        sampled = group.token_ids or [None] * n
+        received = [
+            self.codec.incoming(text, reason, ids, group.tokenizer)
+            for text, reason, ids in zip(group.completions, reasons, sampled, strict=True)
+        ]
+        return TrainGroup(prompt, [r.ids for r in received], list(scored.rewards)), received
 
     # -- evaluation ------------------------------------------------------------------------
 

@@ -146,22 +146,21 @@ class PolicyTrainer:
             text = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages) + "Assistant:"
         return self.tokenizer(text + assistant_prefix, add_special_tokens=False)["input_ids"]
 
-    def completion_ids(self, text: str) -> list[int]:
-        """Token ids of a completion known only as text (another node's).
-
-        A completion shorter than MAX_NEW_TOKENS ended on its own, so it gets the eos the model
-        emitted; a longer one was cut and gets none.
-        """
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][: self.settings.max_new_tokens]
-        if len(ids) < self.settings.max_new_tokens and self.tokenizer.eos_token_id is not None:
-            ids.append(self.tokenizer.eos_token_id)
-        return ids
-
     # -- generation ------------------------------------------------------------------------
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], num_generations: int, seed: int, greedy: bool = False) -> Generation:
-        """G sampled completions per prompt (one greedy one if ``greedy``), in batches of at most GEN_BATCH_SIZE."""
+    def generate(
+        self,
+        prompts: list[list[int]],
+        num_generations: int,
+        seed: int,
+        greedy: bool = False,
+        max_new_tokens: int | None = None,
+    ) -> Generation:
+        """G sampled completions per prompt (one greedy one if ``greedy``), in batches of at most GEN_BATCH_SIZE.
+
+        ``max_new_tokens`` (default MAX_NEW_TOKENS) is less when a forced answer prefix takes part of the cap.
+        """
         started = time.monotonic()
         self.model.eval()
         torch.manual_seed(seed)
@@ -181,7 +180,7 @@ class PolicyTrainer:
                 out = self.model.generate(
                     **batch,
                     **sampling,
-                    max_new_tokens=self.settings.max_new_tokens,
+                    max_new_tokens=max_new_tokens or self.settings.max_new_tokens,
                     num_return_sequences=num_generations,
                     pad_token_id=self.tokenizer.pad_token_id,
                 )

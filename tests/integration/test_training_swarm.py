@@ -87,6 +87,11 @@ def test_two_workers_train_on_local_and_external_groups(tmp_path, model_dir):
             assert v["swarm/local_groups"] == N_LOCAL, (w, round_, v)
             assert v["swarm/external_used"] == N_EXT, (w, round_, v)
             assert v["train/sequences"] == (N_LOCAL + N_EXT) * N_GEN, (w, round_, v)
+            # Peers of one model: an external completion is trained on its sampled ids, or re-tokenised only
+            # where the sender shared none (a special token sampled mid-completion); never a refused id.
+            assert v["external/completions"] == N_EXT * N_GEN, (w, round_, v)
+            assert v["external/sampled_ids"] + v["external/retokenized"] == N_EXT * N_GEN, (w, round_, v)
+            assert v["external/ids_rejected"] == 0, (w, round_, v)
             for key in (
                 "train/loss",
                 "train/grad_norm",

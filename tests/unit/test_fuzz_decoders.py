@@ -64,6 +64,9 @@ def samples() -> dict[type, object]:
         provenance=Provenance(dataset="synthetic_sum", seed=1, index=0),
         completions=["3", "4"],
         rewards=[1.0, 0.0],
+        stop_reasons=["eos", "length"],
+        tokenizer="0123456789abcdef",
+        token_ids=[[18], None],
     )
     return {
         ExperimentRecord: ExperimentRecord(
@@ -252,6 +255,14 @@ def test_counts_beyond_64_bits_are_rejected(model):
     field = {PeerRecord: "heartbeat", RewardRecord: "num_local_groups", StateRecord: "seq"}[model]
     with pytest.raises(RecordError, match=f"schema: {field}: "):
         decode(json.dumps({**value, field: 2**64}).encode(), model)
+
+
+@pytest.mark.parametrize("value", [2**64, 10**400, -1, 2**31])
+def test_a_token_id_beyond_its_range_is_rejected(value):
+    raw = json.loads(encode(samples()[RolloutBatch]))
+    raw["groups"][0]["token_ids"][0] = [value]
+    with pytest.raises(RecordError, match="schema: groups.0.token_ids.0.0: "):
+        decode(json.dumps(raw).encode(), RolloutBatch)
 
 
 @pytest.mark.parametrize(

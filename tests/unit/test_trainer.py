@@ -226,33 +226,6 @@ def test_prompt_ids_fall_back_to_a_plain_template(tmp_path: Path, model: Any) ->
     assert plain.decode(trainer.prompt_ids(MESSAGES, assistant_prefix=" <answer>")) == expected + " <answer>"
 
 
-def test_completion_ids_append_eos_to_a_completion_that_ended(model: Any, tokenizer: Any) -> None:
-    trainer = trainer_for(model, tokenizer, max_new_tokens=16)
-    text = "<answer>7</answer>"
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    assert len(ids) < 16
-    assert trainer.completion_ids(text) == ids + [tokenizer.eos_token_id]
-
-
-def test_completion_ids_cut_a_long_completion_without_eos(model: Any, tokenizer: Any) -> None:
-    text = "The quick brown fox jumps over the lazy dog 0123456789 + - * / = ( ) [ ] , . ? !"
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    max_new = len(ids) - 3
-    trainer = trainer_for(model, tokenizer, max_new_tokens=max_new)
-    got = trainer.completion_ids(text)
-    assert got == ids[:max_new]
-    assert tokenizer.eos_token_id not in got
-
-
-def test_completion_ids_at_the_length_limit(model: Any, tokenizer: Any) -> None:
-    text = "What is 3 + 4? <answer>7</answer>"
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    exactly = trainer_for(model, tokenizer, max_new_tokens=len(ids))
-    assert exactly.completion_ids(text) == ids  # as long as the limit: it was cut, no eos
-    one_more = trainer_for(model, tokenizer, max_new_tokens=len(ids) + 1)
-    assert one_more.completion_ids(text) == ids + [tokenizer.eos_token_id]  # eos was the last allowed token
-
-
 # --- generation ---------------------------------------------------------------------------------------------------
 
 
