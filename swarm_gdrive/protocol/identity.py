@@ -4,6 +4,11 @@ Each identity is a lock file ``{SWARM_LOCAL_DIR}/{experiment}/identities/{node_i
 A running process holds an exclusive ``flock`` on its identity; a process started without
 NODE_ID reuses the first identity of its role that no running process holds, so several
 workers on one machine get distinct identities and each restarted one gets its own back.
+
+The node-local record (role, run, last completed round) is ``{node_id}.json`` beside it, replaced
+whole (a temporary, ``fsync``, rename), so a process killed while writing it leaves the previous
+record, never an empty one. Older versions kept the record inside the ``.id`` file: it is read
+from there until the first write.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import json
 import logging
 import os
 import secrets
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -35,23 +41,42 @@ class Identity:
     path: Path
     _handle: IO[str]
 
+    @property
+    def record(self) -> Path:
+        """The node-local record's file, beside the lock file."""
+        return self.path.with_suffix(".json")
+
     def read_local(self) -> dict:
         """The node-local record (role, last completed round); {} when the file holds no JSON object."""
-        self._handle.seek(0)
         try:
-            data = json.loads(self._handle.read() or "{}")
-        except (ValueError, RecursionError):  # not JSON or not UTF-8, an integer past the conversion limit, nesting
+            text = self.record.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            self._handle.seek(0)  # an older version's record, inside the lock file
+            text = self._handle.read()
+        except (OSError, ValueError):  # a folder or FIFO by that name, not UTF-8
+            return {}
+        try:
+            data = json.loads(text or "{}")
+        except (ValueError, RecursionError):  # not JSON, an integer past the conversion limit, nesting
             return {}
         return data if isinstance(data, dict) else {}
 
     def write_local(self, **values: object) -> None:
-        """Update the node-local record in place (we hold its lock)."""
+        """Update the node-local record (we hold its lock): written whole beside it, then renamed onto it."""
         data = self.read_local() | values
-        self._handle.seek(0)
-        self._handle.truncate()
-        self._handle.write(json.dumps(data))
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.record.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(json.dumps(data))
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.record)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        if self.path.stat().st_size:  # an older version's record: the new file holds it now
+            self._handle.seek(0)
+            self._handle.truncate()
 
     def release(self) -> None:
         fcntl.flock(self._handle, fcntl.LOCK_UN)
@@ -92,7 +117,7 @@ def claim_identity(local_dir: str, experiment: str, role: str, node_id: str | No
         if recorded == role:
             logger.info("reusing node identity %s from %s", identity.node_id, path)
             return identity
-        if path.stat().st_size == 0:  # a process died between creating and filling it: nobody owns it
+        if path.stat().st_size == 0 and not identity.record.exists():  # died before its first record: nobody owns it
             path.unlink(missing_ok=True)
         identity.release()
     while True:

@@ -47,7 +47,7 @@ def test_explicit_node_id(local_dir: str, held: list[Identity]) -> None:
     assert identity.node_id == "alice"
     assert identity.generated is False
     assert identity.path == identities_dir(local_dir) / "alice.id"
-    assert json.loads(identity.path.read_text()) == {"role": "worker"}
+    assert json.loads(identity.record.read_text()) == {"role": "worker"}
 
 
 def test_same_node_id_twice_conflicts(local_dir: str, held: list[Identity]) -> None:
@@ -107,12 +107,14 @@ def test_generated_identity_is_persisted_and_reused(local_dir: str, held: list[I
     assert first.generated is True
     assert re.fullmatch(r"worker-[0-9a-f]{6}", first.node_id)
     assert first.path == identities_dir(local_dir) / f"{first.node_id}.id"
-    assert json.loads(first.path.read_text()) == {"role": "worker"}
+    assert json.loads(first.record.read_text()) == {"role": "worker"}
     first.release()
     again = claim(held, local_dir, "worker", None)
     assert again.node_id == first.node_id
     assert again.generated is True
-    assert sorted(p.name for p in identities_dir(local_dir).iterdir()) == [f"{first.node_id}.id"]
+    assert sorted(p.name for p in identities_dir(local_dir).iterdir()) == [
+        f"{first.node_id}.{x}" for x in ("id", "json")
+    ]
 
 
 def test_held_generated_identity_is_not_shared(local_dir: str, held: list[Identity]) -> None:
@@ -152,7 +154,7 @@ def test_worker_never_reuses_a_coordinator_identity(local_dir: str, held: list[I
     worker = claim(held, local_dir, "worker", None)
     assert worker.node_id.startswith("worker-")
     assert worker.node_id != coordinator.node_id
-    assert json.loads(coordinator.path.read_text()) == {"role": "coordinator"}  # left as it was
+    assert json.loads(coordinator.record.read_text()) == {"role": "coordinator"}  # left as it was
     worker.release()
     coordinator_again = claim(held, local_dir, "coordinator", None)
     assert coordinator_again.node_id == coordinator.node_id
@@ -178,7 +180,7 @@ def test_write_local_read_local(local_dir: str, held: list[Identity]) -> None:
     identity.write_local(last_round=3)
     identity.write_local(last_round=4, note="x")
     assert identity.read_local() == {"role": "worker", "last_round": 4, "note": "x"}
-    assert json.loads(identity.path.read_text()) == {"role": "worker", "last_round": 4, "note": "x"}
+    assert json.loads(identity.record.read_text()) == {"role": "worker", "last_round": 4, "note": "x"}
     identity.release()
     again = claim(held, local_dir, "worker", "alice")
     assert again.read_local() == {"role": "worker", "last_round": 4, "note": "x"}
@@ -188,7 +190,7 @@ def test_write_local_shrinks_the_file(local_dir: str, held: list[Identity]) -> N
     identity = claim(held, local_dir, "worker", "alice")
     identity.write_local(big="x" * 1000)
     identity.write_local(big="y")
-    assert json.loads(identity.path.read_text()) == {"role": "worker", "big": "y"}
+    assert json.loads(identity.record.read_text()) == {"role": "worker", "big": "y"}
 
 
 def test_read_local_of_a_corrupt_file_is_empty(local_dir: str, held: list[Identity]) -> None:
@@ -234,5 +236,59 @@ def test_a_local_record_that_is_no_json_object_reads_as_empty(local_dir: str, he
     identity = claim(held, local_dir, "worker", None)  # reading it must not raise
     assert identity.node_id != "worker-000000"
     assert claim(held, local_dir, "worker", "alice").read_local() == {"role": "worker"}
-    (folder / "alice.id").write_text(content)
+    (folder / "alice.json").write_text(content)
     assert held[-1].read_local() == {}
+
+
+def test_an_older_versions_record_inside_the_lock_file_is_read_then_moved(local_dir: str, held: list[Identity]) -> None:
+    folder = identities_dir(local_dir)
+    folder.mkdir(parents=True)
+    (folder / "worker-0000aa.id").write_text(json.dumps({"role": "worker", "last_round": 7}))
+    identity = claim(held, local_dir, "worker", None)
+    assert identity.node_id == "worker-0000aa" and identity.read_local()["last_round"] == 7
+    identity.write_local(last_round=8)
+    assert json.loads(identity.record.read_text()) == {"role": "worker", "last_round": 8}
+    assert identity.path.read_text() == ""
+
+
+_WRITER = """
+import sys
+from swarm_gdrive.protocol.identity import claim_identity
+identity = claim_identity(sys.argv[1], "exp", "worker", "w1")
+identity.write_local(last_round=0, pad="x" * 2_000_000)
+print("ready", flush=True)
+n = 0
+while True:
+    n += 1
+    identity.write_local(last_round=n)
+"""
+
+
+def test_a_process_killed_while_writing_its_record_leaves_a_whole_one(tmp_path) -> None:
+    """SIGKILL at random moments of a loop rewriting a 2 MB record: the record read afterwards is always a whole
+    one (the version that truncated the file in place, then wrote, left it empty or torn: a lost last_round)."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from swarm_gdrive.protocol.identity import claim_identity
+
+    rng = random.Random(5)
+    for trial in range(12):
+        child = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.0, 0.3))
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+        identity = claim_identity(str(tmp_path), "exp", "worker", "w1")
+        try:
+            record = identity.read_local()
+            assert isinstance(record.get("last_round"), int) and len(record.get("pad", "")) == 2_000_000, (
+                trial,
+                sorted(record),
+            )
+        finally:
+            identity.release()
