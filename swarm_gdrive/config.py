@@ -497,7 +497,13 @@ class Config:
         "Rounds between held-out evaluations (before rounds 0, N, 2N, ... and after the last); 0 is off.",
         _parse_int(0),
     )
-    eval_samples: int = _env("EVAL_SAMPLES", 16, "Held-out questions per task (the same on every node).", _parse_int(1))
+    eval_samples: int = _env(
+        "EVAL_SAMPLES",
+        16,
+        "Held-out questions per task: distinct, the same on every node, never trained on (by text); a task "
+        "needs at least twice as many distinct questions.",
+        _parse_int(1),
+    )
     eval_pass_k: int = _env("EVAL_PASS_K", 0, "k for sampled pass@k besides greedy pass@1; 0 is off.", _parse_int(0))
     answer_extraction: str = _env(
         "ANSWER_EXTRACTION",
