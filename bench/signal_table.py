@@ -56,9 +56,10 @@ def main() -> None:
         "--presets", help=f"comma-separated study presets ({', '.join(PRESETS)}) to measure instead of the options"
     )
     parser.add_argument("--seed", type=int, default=42, help="SEED (dataset and draws) for --presets")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (1 on a busy machine: no spin-waits)")
     args = parser.parse_args()
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     source = resolve_model("SmolLM2-135M-Instruct", Path(Config.model_cache_dir).expanduser()).source
     model, tokenizer = load_model_and_tokenizer(source, torch.device("cpu"), torch.float32)
     if args.presets:
