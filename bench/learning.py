@@ -261,21 +261,11 @@ def _evals(evals) -> list[dict]:
 
 
 def pass1_at(evals: list[dict], round_: int) -> tuple[float, float]:
-    """Mean held-out pass@1 over workers and tasks at one evaluation, and its standard error.
+    """Mean held-out pass@1 over workers and tasks at one evaluation, and its (conservative) standard error."""
+    from swarm_gdrive.observe.analysis import pass1_se_of_mean
 
-    A worker's mean over tasks has SE sqrt(sum se_t^2) / T (the tasks' question sets are independent).
-    Every worker answers the same questions, so the workers' errors are correlated: the SE of their mean is
-    bounded by the mean of their SEs, which is what is reported (conservative).
-    """
     rows = [e for e in evals if e["round"] == round_]
-    workers = sorted({e["node"] for e in rows})
-    per_worker = []
-    for node in workers:
-        own = [e for e in rows if e["node"] == node]
-        per_worker.append(
-            (statistics.fmean(e["pass1"] for e in own), math.sqrt(sum(e["pass1_se"] ** 2 for e in own)) / len(own))
-        )
-    return statistics.fmean(m for m, _ in per_worker), statistics.fmean(se for _, se in per_worker)
+    return statistics.fmean(e["pass1"] for e in rows), pass1_se_of_mean(rows)
 
 
 def _metric_means(metrics) -> dict:
