@@ -2,8 +2,11 @@
 
 For each configuration a real swarm runs on a local folder: a coordinator and W workers as separate
 processes (``swarm_gdrive.procs.NodeProcess``), with the demo's easy-task settings (``swarm-gdrive
-demo``: easy chain_sum + basic_arithmetic, ``ANSWER_PREFIX``, lenient extraction) and the packaged
-SmolLM2-135M-Instruct. Configuration ``I{i}-J{j}`` trains each round on ``i`` of a worker's own
+demo``: easy chain_sum + basic_arithmetic, ``ANSWER_PREFIX``, lenient extraction; ``--preset demo``) or
+the sparse-signal regime (``--preset sparse``: config.SPARSE_SIGNAL_PRESET, harder settings of the same
+tasks, where the model solves about 5-25% and most local groups have zero variance) and the packaged
+SmolLM2-135M-Instruct. Held-out pass@1 is on ``--eval-samples`` (default 100) questions per task, reported
+with its standard error. Configuration ``I{i}-J{j}`` trains each round on ``i`` of a worker's own
 groups plus ``j`` groups taken from other workers, with ``i + j`` the same in every configuration
 (as the paper's 8/0 against 4/4). Every configuration uses the same SEED and the same node names,
 so worker-k draws the same questions in the same order in each (the J > 0 run draws the first ``i``).
@@ -14,6 +17,7 @@ written to ``bench/results/learning_<tag>.{json,md,png}``. A configuration alrea
 same settings is not run again (``--force`` reruns it), so a stopped study resumes where it stopped.
 
     python bench/learning.py --tag smollm2 --workers 3 --rounds 30          # the CPU study
+    python bench/learning.py --tag sparse --preset sparse --workers 3 --rounds 30
     python bench/learning.py --tag smoke --tiny --workers 2 --rounds 2      # seconds, a tiny model
 """
 
@@ -50,7 +54,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=42, help="SEED of every node, the same in every configuration")
     p.add_argument("--eval-interval", type=int, default=10, help="EVAL_INTERVAL (held-out pass@1 every N rounds)")
-    p.add_argument("--eval-samples", type=int, default=16, help="EVAL_SAMPLES (held-out questions per task)")
+    p.add_argument(
+        "--eval-samples",
+        type=int,
+        default=100,
+        help="EVAL_SAMPLES (held-out questions per task; 100 gives pass@1 a standard error of at most 0.05)",
+    )
+    p.add_argument(
+        "--preset",
+        choices=("demo", "sparse"),
+        default="demo",
+        help="task settings: demo = SMALL_MODEL_PRESET (easy), sparse = SPARSE_SIGNAL_PRESET (5-25%% solved)",
+    )
     p.add_argument("--folder", help="shared folder of the runs (default: a folder under the temp dir, per tag)")
     p.add_argument("--out", default=str(RESULTS), help="where the result files go")
     p.add_argument("--model", default="SmolLM2-135M-Instruct", help="MODEL_NAME of the workers")
@@ -85,13 +100,13 @@ def config_name(groups: int, j: int) -> str:
 def node_env(args: argparse.Namespace, folder: Path, experiment: str, j: int, local_dir: str) -> dict[str, str]:
     """The environment of every node of one configuration: the demo's (local processes, the small-model preset),
     with this study's settings."""
-    from swarm_gdrive.config import LOCAL_SWARM_PRESET, SMALL_MODEL_PRESET, swarm_env
+    from swarm_gdrive.config import LOCAL_SWARM_PRESET, SMALL_MODEL_PRESET, SPARSE_SIGNAL_PRESET, swarm_env
 
     env = swarm_env(
         folder,
         experiment,
         LOCAL_SWARM_PRESET,
-        SMALL_MODEL_PRESET,
+        SPARSE_SIGNAL_PRESET if getattr(args, "preset", "demo") == "sparse" else SMALL_MODEL_PRESET,
         MAX_ROUNDS=args.rounds,
         NUM_TRANSPLANT_TREES=j,
         MIN_WORKERS=args.workers,
@@ -185,6 +200,8 @@ def summarise(folder: Path, experiment: str, rounds: int | None = None) -> dict:
     cumulative = cumulative_rewards(storage, experiment, rounds)
     values = [cumulative[n] for n in sorted(cumulative)]
     first, last = eval_mean(storage, experiment)
+    evals = _evals(snap.evals)
+    rounds_evaluated = sorted({e["round"] for e in evals})
     state = snap.state_record or {}
     out = {
         "status": state.get("status"),
@@ -201,7 +218,9 @@ def summarise(folder: Path, experiment: str, rounds: int | None = None) -> dict:
         "external_groups_mean": float(rewards["external_groups"].mean()) if not rewards.empty else math.nan,
         "eval_pass1_first": first,
         "eval_pass1_last": last,
-        "eval": _evals(snap.evals),
+        "eval_pass1_first_se": pass1_at(evals, rounds_evaluated[0])[1] if rounds_evaluated else None,
+        "eval_pass1_last_se": pass1_at(evals, rounds_evaluated[-1])[1] if rounds_evaluated else None,
+        "eval": evals,
     }
     out.update(_metric_means(snap.metrics))
     out.update(_thirds(per_round))
@@ -224,14 +243,29 @@ def _thirds(per_round: dict[str, list[float]]) -> dict:
 
 
 def _evals(evals) -> list[dict]:
-    """Held-out pass@1 (level 0) per node, task and round."""
+    """Held-out pass@1 (level 0) and its standard error per node, task and round."""
     if evals.empty:
         return []
     base = evals[evals["level"] == 0].sort_values(["node", "task", "round"])
     return [
-        {"node": r.node, "task": r.task, "round": int(r.round), "n": int(r.n), "pass1": float(r.pass1)}
+        {
+            "node": r.node,
+            "task": r.task,
+            "round": int(r.round),
+            "n": int(r.n),
+            "pass1": float(r.pass1),
+            "pass1_se": float(r.pass1_se),
+        }
         for r in base.itertuples()
     ]
+
+
+def pass1_at(evals: list[dict], round_: int) -> tuple[float, float]:
+    """Mean held-out pass@1 over workers and tasks at one evaluation, and its (conservative) standard error."""
+    from swarm_gdrive.observe.analysis import pass1_se_of_mean
+
+    rows = [e for e in evals if e["round"] == round_]
+    return statistics.fmean(e["pass1"] for e in rows), pass1_se_of_mean(rows)
 
 
 def _metric_means(metrics) -> dict:
@@ -407,7 +441,8 @@ def markdown(study: dict) -> str:
             + " | ".join(cells)
             + f" | {_num(s['cumulative_mean'])} ± {_num(s['cumulative_sd'])} | {_num(s['cumulative_min'])}.."
             f"{_num(s['cumulative_max'])} | {_num(r, '{:.2f}x')} | {trained} | "
-            f"{_num(s['eval_pass1_first'])} -> {_num(s['eval_pass1_last'])} | {_num(conf.get('wall_s'), '{:.0f}')} |"
+            f"{_pm(s['eval_pass1_first'], s.get('eval_pass1_first_se'))} -> "
+            f"{_pm(s['eval_pass1_last'], s.get('eval_pass1_last_se'))} | {_num(conf.get('wall_s'), '{:.0f}')} |"
         )
     lines += ["", "## Against the baseline (`observe.analysis.compare`, rounds all configurations completed)", ""]
     lines.append("| configuration | rounds | cumulative mean (95% bootstrap CI) | difference (95% CI) | p | Hedges g |")
@@ -485,25 +520,45 @@ def _matched_section(study: dict) -> list[str]:
     return lines
 
 
+def _pm(value: float | None, se: float | None) -> str:
+    return _num(value) if se is None else f"{_num(value)} ± {_num(se)}"
+
+
 def _eval_section(confs: dict) -> list[str]:
-    """Held-out greedy pass@1 (level 0), mean over workers and tasks, at each evaluation."""
+    """Held-out greedy pass@1 (level 0), mean over workers and tasks ± its standard error, at each evaluation."""
     by_conf = {
-        name: {
-            round_: statistics.fmean(e["pass1"] for e in conf["summary"]["eval"] if e["round"] == round_)
-            for round_ in sorted({e["round"] for e in conf["summary"]["eval"]})
-        }
+        name: {round_: pass1_at(_with_se(conf["summary"]["eval"]), round_) for round_ in _rounds(conf)}
         for name, conf in confs.items()
         if conf.get("summary", {}).get("eval")
     }
     rounds = sorted({r for v in by_conf.values() for r in v})
     if not rounds:
         return []
-    lines = ["", "## Held-out greedy pass@1 (mean over workers and tasks), before round R", ""]
+    sizes = sorted({e["n"] for conf in confs.values() for e in conf.get("summary", {}).get("eval", [])})
+    lines = [
+        "",
+        "## Held-out greedy pass@1 (mean over workers and tasks ± 1 standard error), before round R",
+        "",
+        f"Questions per task: {', '.join(map(str, sizes))}. The SE is the mean of the workers' SEs (they answer the "
+        "same questions); a difference between configurations smaller than about twice it is noise.",
+        "",
+    ]
     lines.append("| configuration | " + " | ".join(f"R={r}" for r in rounds) + " |")
     lines.append("|---|" + "---|" * len(rounds))
     for name, values in by_conf.items():
-        lines.append(f"| {name} | " + " | ".join(_num(values.get(r)) for r in rounds) + " |")
+        lines.append(f"| {name} | " + " | ".join(_pm(*values[r]) if r in values else "-" for r in rounds) + " |")
     return lines
+
+
+def _rounds(conf: dict) -> list[int]:
+    return sorted({e["round"] for e in conf["summary"]["eval"]})
+
+
+def _with_se(evals: list[dict]) -> list[dict]:
+    """Rows of a study written before the SE was recorded get the binomial sqrt(p (1 - p) / n)."""
+    return [
+        e if "pass1_se" in e else {**e, "pass1_se": math.sqrt(e["pass1"] * (1 - e["pass1"]) / e["n"])} for e in evals
+    ]
 
 
 def plot(study: dict, path: Path) -> Path:

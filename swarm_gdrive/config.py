@@ -54,6 +54,18 @@ SMALL_MODEL_PRESET: dict[str, str] = {
     "EVAL_SAMPLES": "8",  # held-out pass@1 before the first round and after the last
 }
 
+#: The sparse-signal regime (issue 15 part 4) where SAPO's external groups should matter: the packaged SmolLM2-135M
+#: solves about 5-25% of questions, so many of a node's own groups have zero reward variance while a peer's group on
+#: another question may carry signal. SMALL_MODEL_PRESET's sampling on harder settings: 2-term 2-digit chain_sum,
+#: 3-term 1-digit basic_arithmetic (solve rate and zero-variance share measured in bench/results/signal_presets.md);
+#: 100 held-out questions per task, as studies need (both question spaces hold thousands).
+SPARSE_SIGNAL_PRESET: dict[str, str] = {
+    **SMALL_MODEL_PRESET,
+    "TASK_CONFIG": '{"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2}, '
+    '"basic_arithmetic": {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1}}',
+    "EVAL_SAMPLES": "100",
+}
+
 #: Protocol settings for nodes that share one machine's CPU cores (``swarm-gdrive demo``, the learning study):
 #: model loading and CPU training steps can starve a heartbeat or a round for minutes, and a run of a few rounds
 #: needs only its final checkpoint.
@@ -485,7 +497,13 @@ class Config:
         "Rounds between held-out evaluations (before rounds 0, N, 2N, ... and after the last); 0 is off.",
         _parse_int(0),
     )
-    eval_samples: int = _env("EVAL_SAMPLES", 16, "Held-out questions per task (the same on every node).", _parse_int(1))
+    eval_samples: int = _env(
+        "EVAL_SAMPLES",
+        16,
+        "Held-out questions per task: distinct, the same on every node, never trained on (by text); a task "
+        "needs at least twice as many distinct questions.",
+        _parse_int(1),
+    )
     eval_pass_k: int = _env("EVAL_PASS_K", 0, "k for sampled pass@k besides greedy pass@1; 0 is off.", _parse_int(0))
     answer_extraction: str = _env(
         "ANSWER_EXTRACTION",
@@ -731,11 +749,12 @@ def _check_lag(config: Config) -> None:
 
 
 @functools.lru_cache(maxsize=32)
-def _check_task_mix(tasks: str | None, task_config: str | None, difficulty: str) -> None:
-    """Build the task mix once per distinct value (it constructs reasoning-gym datasets)."""
-    from swarm_gdrive.training.tasks import parse_task_mix  # imports reasoning-gym: workers only
+def _check_task_mix(tasks: str | None, task_config: str | None, difficulty: str, eval_samples: int, seed: int) -> None:
+    """Build the task mix once per distinct value (it constructs reasoning-gym datasets), and check that each
+    task's question space holds EVAL_SAMPLES distinct held-out questions and as many others."""
+    from swarm_gdrive.training.tasks import check_held_out_space, parse_task_mix  # reasoning-gym: workers only
 
-    parse_task_mix(tasks, task_config, difficulty)
+    check_held_out_space(parse_task_mix(tasks, task_config, difficulty), eval_samples, seed)
 
 
 def _check_relations(config: Config) -> None:
@@ -760,8 +779,12 @@ def _check_relations(config: Config) -> None:
         )
     if config.workload == "grpo" and not config.is_coordinator:
         try:
-            _check_task_mix(config.tasks, config.task_config, config.task_difficulty)
+            _check_task_mix(config.tasks, config.task_config, config.task_difficulty, config.eval_samples, config.seed)
         except ValueError as exc:
+            from swarm_gdrive.training.tasks import QuestionSpaceTooSmall
+
+            if isinstance(exc, QuestionSpaceTooSmall):
+                raise ConfigError("EVAL_SAMPLES", config.eval_samples, str(exc)) from None
             var = "TASK_CONFIG" if "TASK_CONFIG" in str(exc).split("=", 1)[0] else "TASKS"
             error = ConfigError(var, getattr(config, var.lower()), str(exc))
             error.args = (str(exc),)  # the task parser's message already names the variable and value

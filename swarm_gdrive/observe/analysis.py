@@ -36,6 +36,8 @@ class Comparison:
     hedges_g: float
     eval_first: float | None
     eval_last: float | None
+    eval_first_se: float | None = None
+    eval_last_se: float | None = None
 
     @property
     def eval_change(self) -> float | None:
@@ -80,6 +82,32 @@ def eval_mean(storage: Storage, experiment: str) -> tuple[float | None, float | 
     first, last = min(r["round"] for r in rows), max(r["round"] for r in rows)
     at = lambda round_: statistics.fmean(r["pass1"] for r in rows if r["round"] == round_)  # noqa: E731
     return at(first), at(last)
+
+
+def eval_se(storage: Storage, experiment: str) -> tuple[float | None, float | None]:
+    """Standard errors of :func:`eval_mean`'s two values (see :func:`pass1_se_of_mean`)."""
+    rows = [r for r in eval_rows(Exchange(storage, Layout(experiment), "analysis")) if r["level"] == 0]
+    if not rows:
+        return None, None
+    first, last = min(r["round"] for r in rows), max(r["round"] for r in rows)
+    return pass1_se_of_mean([r for r in rows if r["round"] == first]), pass1_se_of_mean(
+        [r for r in rows if r["round"] == last]
+    )
+
+
+def pass1_se_of_mean(rows: list[dict]) -> float:
+    """SE of the mean held-out pass@1 over workers and tasks of one evaluation (rows: node, pass1_se).
+
+    A worker's mean over T tasks has SE sqrt(sum se_t^2) / T (independent question sets). Workers answer
+    the same questions, so their errors are correlated: the SE of their mean is at most the mean of their
+    SEs, which is returned (conservative).
+    """
+    nodes = sorted({r["node"] for r in rows})
+    per_node = []
+    for node in nodes:
+        own = [r["pass1_se"] for r in rows if r["node"] == node]
+        per_node.append(math.sqrt(sum(se**2 for se in own)) / len(own))
+    return statistics.fmean(per_node)
 
 
 def bootstrap_ci(values: list[float], rng: random.Random, stat=statistics.fmean, n: int = 2000) -> tuple[float, float]:
@@ -132,6 +160,7 @@ def compare(
         values = list(_cumulative(rows[name], rounds).values())
         diff_ci = bootstrap_ci_difference(values, base, rng)
         first, last = eval_mean(storage, name)
+        first_se, last_se = eval_se(storage, name)
         out.append(
             Comparison(
                 experiment=name,
@@ -145,6 +174,8 @@ def compare(
                 hedges_g=hedges_g(values, base) if name != baseline else 0.0,
                 eval_first=first,
                 eval_last=last,
+                eval_first_se=first_se,
+                eval_last_se=last_se,
             )
         )
     return out
@@ -166,9 +197,12 @@ def format_table(rows: list[Comparison]) -> str:
     def num(x: float | None, fmt: str = "{:.3f}") -> str:
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
+    def pm(x: float | None, se: float | None) -> str:
+        return num(x) if se is None or x is None else f"{num(x)} ± {num(se)}"
+
     lines = [
         "| configuration | workers | rounds | cumulative reward (95% CI) | vs baseline (95% CI) | p | Hedges g |"
-        " held-out pass@1 first -> last |",
+        " held-out pass@1 first -> last (± SE) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -176,6 +210,6 @@ def format_table(rows: list[Comparison]) -> str:
             f"| {r.experiment} | {r.nodes} | {r.rounds} | {num(r.cumulative_mean)} "
             f"({num(r.cumulative_ci[0])}, {num(r.cumulative_ci[1])}) | {num(r.difference, '{:+.3f}')} "
             f"({num(r.difference_ci[0], '{:+.3f}')}, {num(r.difference_ci[1], '{:+.3f}')}) | {num(r.p_value)} | "
-            f"{num(r.hedges_g, '{:+.2f}')} | {num(r.eval_first)} -> {num(r.eval_last)} |"
+            f"{num(r.hedges_g, '{:+.2f}')} | {pm(r.eval_first, r.eval_first_se)} -> {pm(r.eval_last, r.eval_last_se)} |"
         )
     return "\n".join(lines)

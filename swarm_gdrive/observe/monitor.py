@@ -10,6 +10,7 @@ where a file belongs) is a problem of the snapshot, reported by the ``unreadable
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -64,7 +65,20 @@ SAPO_SHORTFALL_WARNING = 0.25
 EXTERNAL_ROUNDS_SHOWN = 10
 #: Rollouts above this total are flagged: Drive's free 15 GB fills up; ROLLOUT_CLEANUP_ENABLED keeps it flat.
 STORAGE_WARNING_BYTES = 1 << 30
-EVAL_COLUMNS = ["node", "round", "task", "level", "n", "pass1", "mean_score", "k", "pass_k"]
+EVAL_COLUMNS = [
+    "node",
+    "round",
+    "task",
+    "level",
+    "n",
+    "pass1",
+    "pass1_se",
+    "mean_score",
+    "mean_score_se",
+    "k",
+    "pass_k",
+    "pass_k_se",
+]
 
 
 @dataclass
@@ -200,7 +214,11 @@ def reward_rows(exchange: Exchange) -> list[dict]:
 
 
 def eval_rows(exchange: Exchange) -> list[dict]:
-    """One row per (eval record, task, level): node, round, task, level, n, pass1, mean_score, pass_k."""
+    """One row per (eval record, task, level): node, round, task, level, n, each accuracy and its standard error.
+
+    A record written before the SE fields existed gets pass1's and pass_k's from the binomial
+    sqrt(p (1 - p) / n), which is what a newer worker writes for them; mean_score's stays empty.
+    """
     return [
         {
             "node": rec.node_id,
@@ -209,13 +227,21 @@ def eval_rows(exchange: Exchange) -> list[dict]:
             "level": r.level,
             "n": r.n,
             "pass1": r.pass1,
+            "pass1_se": r.pass1_se if r.pass1_se is not None else binomial_se(r.pass1, r.n),
             "mean_score": r.mean_score,
+            "mean_score_se": r.mean_score_se,
             "k": r.k,
             "pass_k": r.pass_k,
+            "pass_k_se": r.pass_k_se if r.pass_k_se is not None or r.pass_k is None else binomial_se(r.pass_k, r.n),
         }
         for rec in exchange.read_evals()
         for r in rec.results
     ]
+
+
+def binomial_se(p: float, n: int) -> float:
+    """Standard error of a pass rate ``p`` over ``n`` questions: sqrt(p (1 - p) / n)."""
+    return math.sqrt(max(p * (1.0 - p), 0.0) / n)
 
 
 def _sorted(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:

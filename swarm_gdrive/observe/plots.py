@@ -237,7 +237,7 @@ def completion_lengths(snapshot: Snapshot) -> Figure:
 
 
 def eval_pass1(snapshot: Snapshot) -> Figure:
-    """Held-out pass@1 per node, one panel per task, over rounds (lowest curriculum level of each task)."""
+    """Held-out pass@1 per node with ± 1 standard error bars, one panel per task, over rounds (lowest level)."""
     title = "Held-out pass@1"
     evals = snapshot.evals
     if evals.empty:
@@ -251,10 +251,14 @@ def eval_pass1(snapshot: Snapshot) -> Figure:
         rows = evals[evals["task"] == task]
         rows = rows[rows["level"] == rows["level"].min()]
         for node, own in rows.groupby("node"):
-            series = own.groupby("round")["pass1"].mean().sort_index()
-            ax.plot(series.index, series.values, "o-", color=colors.get(node), label=node)
+            by_round = own.assign(pass1_se=own.get("pass1_se", 0.0)).groupby("round")  # tables built by hand lack it
+            series = by_round["pass1"].mean().sort_index()
+            se = by_round["pass1_se"].mean().reindex(series.index).fillna(0.0)  # one record a round as a rule
+            ax.errorbar(
+                series.index, series.values, yerr=se.values, fmt="o-", capsize=3, color=colors.get(node), label=node
+            )
         ax.set_ylim(-0.02, 1.02)
-        _finish(ax, f"{title}: {task}", "evaluated before round", "greedy pass@1")
+        _finish(ax, f"{title}: {task}", "evaluated before round", "greedy pass@1 (± 1 SE)")
     fig.tight_layout()
     return fig
 

@@ -58,8 +58,28 @@ def _html(path: Path, experiment: str, figures: list[tuple[str, str]], rewards, 
     ]
     parts += [f"<li><b>{html.escape(f.severity)}</b> {html.escape(f.message)}</li>" for f in found]
     parts.append("</ul>")
+    parts += _latest_evals(evals)
     for name, title in figures:
         label = html.escape(title)
         parts.append(f"<h2>{label}</h2><img src='{name}' alt='{label}' style='max-width:100%'>")
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
+
+
+def _latest_evals(evals) -> list[str]:
+    """The latest held-out result of each node and task (lowest level) as an HTML table, pass@1 ± its SE."""
+    if evals.empty:
+        return []
+    base = evals[evals["level"] == evals.groupby("task")["level"].transform("min")]
+    latest = base.sort_values("round").groupby(["node", "task"]).tail(1).sort_values(["task", "node"])
+    rows = [
+        f"<tr><td>{html.escape(str(r.node))}</td><td>{html.escape(str(r.task))}</td><td>{r.round}</td>"
+        f"<td>{r.n}</td><td>{r.pass1:.3f} ± {r.pass1_se:.3f}</td></tr>"
+        for r in latest.itertuples()
+    ]
+    return [
+        "<h2>Latest held-out pass@1 (± 1 standard error)</h2><table>",
+        "<tr><th>node</th><th>task</th><th>before round</th><th>questions</th><th>pass@1</th></tr>",
+        *rows,
+        "</table>",
+    ]

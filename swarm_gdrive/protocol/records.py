@@ -11,8 +11,9 @@ or unpickled.
 from __future__ import annotations
 
 import json
+import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
@@ -227,8 +228,24 @@ class EventRecord(_Record):
     data: dict[ShortText, Scalar | list[Scalar]] = Field(default_factory=dict, max_length=64)
 
 
+def standard_error(values: Sequence[float]) -> float:
+    """Standard error of the mean of ``values``: sqrt(pvariance / n).
+
+    For 0/1 values (pass@1) this is the binomial sqrt(p (1 - p) / n); 0.0 for one value or none.
+    """
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = math.fsum(values) / n
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / n / n)
+
+
 class TaskEval(BaseModel):
-    """One task's held-out result: greedy pass@1 (fraction of questions answered fully right)."""
+    """One task's held-out result: greedy pass@1 (fraction of questions answered fully right).
+
+    Each ``*_se`` is the standard error of its mean over the ``n`` questions (:func:`standard_error`);
+    files written before they existed decode with None.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
@@ -239,6 +256,9 @@ class TaskEval(BaseModel):
     mean_score: Annotated[float, Field(ge=0, le=1)]
     k: Annotated[int, Field(ge=0, le=1024)] = 0
     pass_k: Annotated[float, Field(ge=0, le=1)] | None = None
+    pass1_se: Annotated[float, Field(ge=0, le=1)] | None = None
+    mean_score_se: Annotated[float, Field(ge=0, le=1)] | None = None
+    pass_k_se: Annotated[float, Field(ge=0, le=1)] | None = None
 
 
 class EvalRecord(_Record):

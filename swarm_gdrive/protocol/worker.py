@@ -9,6 +9,7 @@ train, and submit a reward. Metrics and events are buffered and flushed once a r
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
@@ -317,17 +318,21 @@ class Worker:
         )
         base = [r for r in results if r.level == 0]
         values: dict[str, float | int | None] = {f"eval/{r.task}/pass1": r.pass1 for r in base}
+        values.update({f"eval/{r.task}/pass1_se": r.pass1_se for r in base})
         values.update({f"eval/{r.task}/level": r.level for r in results if r.level > 0})
         values.update({f"eval/{r.task}/level_pass1": r.pass1 for r in results if r.level > 0})
         values.update({f"eval/{r.task}/pass_at_{r.k}": r.pass_k for r in base if r.pass_k is not None})
         values["eval/pass1"] = sum(r.pass1 for r in base) / len(base)
+        # The tasks' held-out sets are independent samples: the SE of their mean adds in quadrature.
+        values["eval/pass1_se"] = math.sqrt(sum((r.pass1_se or 0.0) ** 2 for r in base)) / len(base)
         values["eval/seconds"] = time.monotonic() - started
         self.log.metric(values, round_=round_)
         logger.info(
-            "held-out pass@1 before round %d: %.3f (%s)",
+            "held-out pass@1 before round %d: %.3f ± %.3f (%s)",
             round_,
             values["eval/pass1"],
-            ", ".join(f"{r.task} {r.pass1:.2f}" for r in base),
+            values["eval/pass1_se"],
+            ", ".join(f"{r.task} {r.pass1:.2f} ± {r.pass1_se or 0.0:.2f} of {r.n}" for r in base),
         )
 
     def _stage(self, ctx: StageContext, state: StateRecord, buffered: list[RolloutBatch]) -> None:

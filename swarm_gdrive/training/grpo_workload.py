@@ -21,7 +21,7 @@ import torch
 
 from swarm_gdrive.config import Config
 from swarm_gdrive.protocol.layout import Layout
-from swarm_gdrive.protocol.records import MAX_BYTES, RolloutGroup, TaskEval
+from swarm_gdrive.protocol.records import MAX_BYTES, RolloutGroup, TaskEval, standard_error
 from swarm_gdrive.protocol.sapo import ScoredGroup, rng_for
 from swarm_gdrive.protocol.workload import StageContext
 from swarm_gdrive.storage import Storage
@@ -87,6 +87,7 @@ class GRPOWorkload:
             parse_task_mix(config.tasks, config.task_config, config.task_difficulty),
             config.seed,
             curriculum=config.curriculum_threshold > 0,
+            held_out=config.eval_samples,
         )
         resolved = resolve_model(config.model_name, config.model_cache_dir)
         started = time.monotonic()
@@ -268,7 +269,7 @@ class GRPOWorkload:
             for q, texts in zip(questions, greedy.texts, strict=True)
         ]
         k = self.config.eval_pass_k
-        pass_k = None
+        pass_k = pass_k_se = None
         if k > 0:
             seed = rng_for(self.config.seed, self.node_id, round_, 0, purpose=f"eval-{task}").randrange(2**31)
             sampled = self.trainer.generate(prompts, k, seed)
@@ -282,14 +283,19 @@ class GRPOWorkload:
                 for q, texts in zip(questions, sampled.texts, strict=True)
             ]
             pass_k = sum(hits) / len(hits)
+            pass_k_se = standard_error([float(h) for h in hits])
+        passed = [float(s >= 1.0) for s in scores]
         return TaskEval(
             task=task,
             level=level,
             n=len(questions),
-            pass1=sum(s >= 1.0 for s in scores) / len(scores),
+            pass1=statistics.fmean(passed),
             mean_score=statistics.fmean(scores),
             k=k,
             pass_k=pass_k,
+            pass1_se=standard_error(passed),
+            mean_score_se=standard_error(scores),
+            pass_k_se=pass_k_se,
         )
 
     # -- checkpoints -----------------------------------------------------------------------

@@ -10,6 +10,12 @@ Another node's rollouts are scored only against an entry regenerated here from t
 provenance, and only if the provenance names a task, config and seed of this bank and the
 regenerated question text equals the group's (:meth:`TaskBank.regenerate`).
 
+Held out means held out by content: the evaluation set of a task is the first EVAL_SAMPLES
+distinct questions (normalised text, :func:`normalise_question`) read down from the top of its
+index range, the same on every node. Training draws skip any question whose text is in that set,
+and a peer's group with such a question is rejected, whatever its index: on small question spaces
+(easy chain_sum has 200 distinct questions) the same text recurs at many indices.
+
 Measured (reasoning-gym 0.1.25, 2-core CPU): ``import reasoning_gym`` 0.6-0.8 s (then this
 module 0.07 s); creating each paper task's dataset at ``DATASET_SIZE`` under 1 ms (0.9 ms for
 all nine); one entry 0.01-0.33 ms (bf the slowest); ``parse_task_mix`` plus ``TaskBank`` of the
@@ -27,6 +33,7 @@ import logging
 import math
 import random
 import time
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +82,10 @@ HASH_SEED_DEPENDENT_TASKS = frozenset(
 _RESERVED_KEYS = ("seed", "size")
 #: How many indices :meth:`TaskBank.draw` tries before giving up on a generator that keeps failing.
 _DRAW_ATTEMPTS = 10
+#: How many held-out questions in a row a draw skips before it reports the training space as exhausted.
+_HELD_OUT_SKIPS = 1_000
+#: EVAL_SAMPLES's default: the held-out questions per task a :class:`TaskBank` keeps out of training.
+DEFAULT_HELD_OUT = 16
 _LIST_TASKS_HINT = (
     'list valid names with: python -c "import reasoning_gym; print(sorted(reasoning_gym.factory.DATASETS))"'
 )
@@ -104,15 +115,25 @@ def dataset_size(name: str) -> int:
     return SIZE_OVERRIDES.get(name, DATASET_SIZE)
 
 
-#: The top of each dataset's index range is held out for evaluation: training never draws there
-#: and a peer's group from there is dropped, so the held-out set is disjoint from every training draw.
+#: The top of each dataset's index range is where the held-out set is read from: training never
+#: draws an index there and a peer's group from there is dropped. The range alone does not keep
+#: the sets apart (a question's text recurs at other indices): the content rule does.
 HELD_OUT_MAX = 10_000
 DIFFICULTIES = ("paper", "easy")
 
 
 def held_out_size(name: str) -> int:
-    """How many of a task's top indices are reserved for evaluation."""
+    """How many of a task's top indices are reserved for evaluation (scanned for distinct questions)."""
     return min(HELD_OUT_MAX, dataset_size(name) // 10)
+
+
+def normalise_question(text: str) -> str:
+    """A question's identity for the held-out rule: NFC Unicode, whitespace runs collapsed, ends stripped."""
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+class QuestionSpaceTooSmall(ValueError):
+    """A task's settings give too few distinct questions to hold out EVAL_SAMPLES of them."""
 
 
 def training_limit(name: str) -> int:
@@ -193,7 +214,14 @@ def parse_task_mix(tasks: str | None, task_config: str | None, difficulty: str =
 class TaskBank:
     """The datasets of a task mix, built once with one dataset seed shared by the whole swarm."""
 
-    def __init__(self, specs: Sequence[TaskSpec], dataset_seed: int, curriculum: bool = False) -> None:
+    def __init__(
+        self,
+        specs: Sequence[TaskSpec],
+        dataset_seed: int,
+        curriculum: bool = False,
+        held_out: int = DEFAULT_HELD_OUT,
+    ) -> None:
+        """``held_out`` (EVAL_SAMPLES): the distinct questions per task (and level) kept out of training."""
         if not specs:
             raise ValueError("TaskBank needs at least one TaskSpec")
         if isinstance(dataset_seed, bool) or not isinstance(dataset_seed, int) or not 0 <= dataset_seed <= 2**63:
@@ -201,8 +229,12 @@ class TaskBank:
         names = [spec.name for spec in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"TaskBank: each task may appear once, got {names}")
+        if isinstance(held_out, bool) or not isinstance(held_out, int) or held_out < 1:
+            raise ValueError(f"held_out (EVAL_SAMPLES) must be a positive integer, got {held_out!r}")
         self.specs = tuple(specs)
         self.dataset_seed = dataset_seed
+        self.held_out = held_out
+        self._held_out: dict[tuple[str, int], tuple[list[Question], frozenset[str]]] = {}
         self._specs = {spec.name: spec for spec in self.specs}
         self._weights = [spec.weight for spec in self.specs]
         self._datasets: dict[str, ProceduralDataset] = {}
@@ -272,10 +304,58 @@ class TaskBank:
         return Question(task, entry["question"], entry, self.provenance_of(task, index, level))
 
     def eval_questions(self, task: str, n: int, level: int = 0) -> list[Question]:
-        """The held-out set: the top ``n`` indices of ``task`` (the same on every node; never trained on)."""
-        if not 0 < n <= held_out_size(task):
-            raise ValueError(f"{task}: the held-out range has {held_out_size(task)} questions, asked for {n}")
-        return [self.question(task, dataset_size(task) - 1 - i, level) for i in range(n)]
+        """The held-out set: ``n`` distinct questions read down from ``task``'s top index (the same on every node).
+
+        Never trained on, by content: ``n`` may not exceed the ``held_out`` this bank keeps out of training.
+        """
+        if not 0 < n <= self.held_out:
+            raise ValueError(
+                f"{task}: this bank keeps {self.held_out} held-out questions out of training (EVAL_SAMPLES), asked "
+                f"for {n}; build the TaskBank with held_out >= {n}"
+            )
+        return self._held_out_set(task, level)[0][:n]
+
+    def is_held_out(self, task: str, question: str, level: int = 0) -> bool:
+        """Whether ``question``'s text is a held-out question of ``task`` at level 0, ``level`` or the current level."""
+        key = normalise_question(question)
+        levels = {0, level, self.current_level[task]}
+        return any(key in self._held_out_set(task, lv)[1] for lv in levels)
+
+    def distinct_questions(self, task: str, want: int, level: int = 0) -> tuple[list[Question], int]:
+        """Up to ``want`` distinct questions read down from the top index, and how many indices were read.
+
+        Reads at most :func:`held_out_size` indices; fewer than ``want`` back means the question space
+        (at this config) is smaller than ``want`` or close to it.
+        """
+        seen: set[str] = set()
+        out: list[Question] = []
+        top = dataset_size(task) - 1
+        read = 0
+        for read in range(1, held_out_size(task) + 1):  # noqa: B007 - read is reported
+            try:
+                q = self.question(task, top - (read - 1), level)
+            except Exception as exc:  # noqa: BLE001 - a generator that fails on one index: take the next
+                logger.warning("%s failed to generate held-out index %d: %r", task, top - (read - 1), exc)
+                continue
+            key = normalise_question(q.question)
+            if key not in seen:
+                seen.add(key)
+                out.append(q)
+                if len(out) == want:
+                    break
+        return out, read
+
+    def _held_out_set(self, task: str, level: int) -> tuple[list[Question], frozenset[str]]:
+        cached = self._held_out.get((task, level))
+        if cached is None:
+            found, read = self.distinct_questions(task, self.held_out, level)
+            if len(found) < self.held_out:
+                raise QuestionSpaceTooSmall(
+                    too_small_message(task, self.level_config(task, level), self.held_out, len(found), read)
+                )
+            cached = (found, frozenset(normalise_question(q.question) for q in found))
+            self._held_out[(task, level)] = cached
+        return cached
 
     def draw(self, n: int, rng: random.Random) -> list[Question]:
         """``n`` questions: a task by weight, then a uniform index; the same ``rng`` state gives the same list."""
@@ -310,14 +390,28 @@ class TaskBank:
         return tuple(rewards.score(dataset, entry, completion, format_weight, extraction) for completion in completions)
 
     def _draw_one(self, rng: random.Random) -> Question:
+        """A task by weight, then uniform indices until one generates and is not a held-out question."""
         (spec,) = rng.choices(self.specs, weights=self._weights)
-        for attempt in range(_DRAW_ATTEMPTS):
+        failures = skipped = 0
+        while True:
             index = rng.randrange(training_limit(spec.name))
             try:
-                return self.question(spec.name, index)
+                question = self.question(spec.name, index)
             except Exception as exc:  # a generator that fails on one index should not stop a worker
-                logger.warning("%s failed to generate index %d (attempt %d): %r", spec.name, index, attempt + 1, exc)
-        raise RuntimeError(f"{spec.name}: {_DRAW_ATTEMPTS} indices in a row failed to generate")
+                failures += 1
+                logger.warning("%s failed to generate index %d (attempt %d): %r", spec.name, index, failures, exc)
+                if failures >= _DRAW_ATTEMPTS:
+                    raise RuntimeError(f"{spec.name}: {_DRAW_ATTEMPTS} indices failed to generate") from None
+                continue
+            if not self.is_held_out(spec.name, question.question):
+                return question
+            skipped += 1
+            if skipped >= _HELD_OUT_SKIPS:
+                raise RuntimeError(
+                    f"{spec.name}: {skipped} draws in a row were held-out questions; its question space "
+                    f"{_canonical(self.level_config(spec.name))} is too small for {self.held_out} held out "
+                    "(EVAL_SAMPLES): lower EVAL_SAMPLES or make the task harder in TASK_CONFIG"
+                )
 
     def _regenerate(self, group: RolloutGroup) -> tuple[dict[str, Any] | None, str]:
         prov = group.provenance
@@ -343,7 +437,39 @@ class TaskBank:
                 "group %s claims a question that %s[%d] does not have", group.group_id, spec.name, prov.index
             )
             return None, "question text differs from the regenerated one"
+        try:
+            held_out = self.is_held_out(spec.name, entry["question"], known[0])
+        except QuestionSpaceTooSmall as exc:  # a curriculum level too small to hold out: nothing is safe to take
+            return None, str(exc)
+        if held_out:
+            return None, f"index {prov.index} is a held-out evaluation question (same text)"
         return entry, ""
+
+
+def too_small_message(task: str, config: dict[str, Any], wanted: int, found: int, read: int) -> str:
+    """The error for a question space that cannot hold out ``wanted`` distinct questions."""
+    return (
+        f"task {task!r} with config {_canonical(config)} (from TASK_DIFFICULTY and TASK_CONFIG) has only {found} "
+        f"distinct questions in {read} held-out indices, too few to hold out EVAL_SAMPLES={wanted} and still "
+        f"train on as many others; lower EVAL_SAMPLES to at most {found // 2}, or widen the task's question space "
+        "in TASK_CONFIG (more digits or terms) or with TASK_DIFFICULTY=paper"
+    )
+
+
+def check_held_out_space(specs: Sequence[TaskSpec], eval_samples: int, dataset_seed: int) -> None:
+    """Raise :class:`QuestionSpaceTooSmall` unless each task (level 0) has ``2 * eval_samples`` distinct questions.
+
+    The held-out set takes ``eval_samples`` of them; training keeps at least as many others. Reads about
+    ``2 * eval_samples`` entries per task (milliseconds) when the space is large, up to :func:`held_out_size`
+    (about 0.3-0.6 s for easy arithmetic) when it is not.
+    """
+    bank = TaskBank(specs, dataset_seed, held_out=eval_samples)
+    for task in bank.tasks:
+        found, read = bank.distinct_questions(task, 2 * eval_samples)
+        if len(found) < 2 * eval_samples:
+            raise QuestionSpaceTooSmall(
+                too_small_message(task, bank.level_config(task), eval_samples, len(found), read)
+            )
 
 
 def system_prompt() -> str:

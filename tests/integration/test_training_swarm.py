@@ -214,8 +214,13 @@ def test_workers_write_eval_records_every_interval_and_the_report_plots_them(tmp
             (result,) = record.results
             assert (result.task, result.n, result.k) == ("basic_arithmetic", 4, 2)
             assert result.pass_k is not None and result.level == 0  # sampled pass@k measured besides pass@1
+            # Each accuracy with its standard error: the binomial sqrt(p (1 - p) / n) for the pass rates.
+            assert result.pass1_se == pytest.approx((result.pass1 * (1 - result.pass1) / 4) ** 0.5)
+            assert result.pass_k_se == pytest.approx((result.pass_k * (1 - result.pass_k) / 4) ** 0.5)
+            assert result.mean_score_se is not None
         metrics, _ = decode_lines((folder / LAYOUT.metrics_file(w)).read_bytes(), MetricRecord)
         assert sorted(m.round for m in metrics if "eval/pass1" in m.values) == [0, 2, 4]
+        assert all("eval/pass1_se" in m.values for m in metrics if "eval/pass1" in m.values)
 
     out = tmp_path / "report"
     result = subprocess.run(

@@ -75,8 +75,12 @@ def test_compare_reports_difference_interval_p_value_and_eval_change(tmp_path):
     assert sapo.cumulative_ci[0] <= sapo.cumulative_mean <= sapo.cumulative_ci[1]
     assert sapo.p_value < 0.01 and sapo.hedges_g > 5
     assert sapo.eval_first == 0.25 and sapo.eval_last == 0.5 and sapo.eval_change == 0.25
+    # Two workers, one task, 16 questions, no SE recorded: binomial sqrt(p (1 - p) / 16), mean over workers.
+    assert sapo.eval_first_se == pytest.approx((0.25 * 0.75 / 16) ** 0.5)
+    assert sapo.eval_last_se == pytest.approx(0.125)
     table = format_table(rows)
     assert "| sapo-4-4 | 8 | 10 |" in table and "+2.0" in table
+    assert "0.250 ± 0.108 -> 0.500 ± 0.125 |" in table
 
 
 def test_no_difference_gives_a_large_p_value_and_an_interval_around_zero():

@@ -41,6 +41,8 @@ def test_summary_sums_each_workers_per_round_reward(folder: Path) -> None:
     assert (s["cumulative_min"], s["cumulative_max"]) == pytest.approx((0.5, 0.6))
     assert s["per_round"]["worker-2"] == pytest.approx([0.0, 0.0, 0.5])
     assert (s["eval_pass1_first"], s["eval_pass1_last"]) == pytest.approx((0.5, 0.75))
+    # Records without an SE (written before it existed) get the binomial sqrt(p (1 - p) / n), n = 16.
+    assert (s["eval_pass1_first_se"], s["eval_pass1_last_se"]) == pytest.approx((0.125, (0.75 * 0.25 / 16) ** 0.5))
     assert (s["first_third_mean"], s["last_third_mean"]) == pytest.approx((0.1, (0.3 + 0.5 + 0.2) / 3))
     assert learning.summarise(folder, "t-i4-j0", rounds=2)["cumulative"]["worker-2"] == pytest.approx(0.0)
 
@@ -118,6 +120,8 @@ def test_study_files_state_the_ratio_against_the_baseline(folder: Path, tmp_path
     page = files[1].read_text()
     assert "| I2-J2 | finished | 3 | 3 | 0.900 | 1.200 | 0.600 | 0.900 ± 0.300 |" in page  # per worker
     assert f"{2.7 / 1.7:.2f}x" in page  # mean 0.9 against 0.567
+    assert "| 0.500 ± 0.125 -> 0.750 ± 0.108 |" in page  # held-out pass@1 with its standard error
+    assert "| I4-J0 | 0.500 ± 0.125 | 0.750 ± 0.108 |" in page
 
 
 def test_partial_when_a_configuration_is_missing(folder: Path, tmp_path_factory) -> None:
@@ -140,3 +144,14 @@ def test_a_run_stopped_early_is_compared_over_the_rounds_both_completed(tmp_path
     assert base["rounds_summed"] == 2 and base["cumulative"]["worker-1"] == pytest.approx(0.3)
     assert all(c["rounds"] == 2 for c in saved["comparison"])
     assert f"{(0.6 + 0.6 + 0.2) / (0.3 + 0.0 + 0.4):.2f}x" in files[1].read_text()
+
+
+def test_the_sparse_preset_and_100_held_out_questions_reach_the_nodes(tmp_path: Path) -> None:
+    from swarm_gdrive.config import SMALL_MODEL_PRESET, SPARSE_SIGNAL_PRESET
+
+    sparse = learning.node_env(learning.parse_args(["--preset", "sparse"]), tmp_path, "x", 2, str(tmp_path / "l"))
+    demo = learning.node_env(learning.parse_args([]), tmp_path, "x", 2, str(tmp_path / "l"))
+    assert sparse["TASK_CONFIG"] == SPARSE_SIGNAL_PRESET["TASK_CONFIG"] != demo["TASK_CONFIG"]
+    assert demo["TASK_CONFIG"] == SMALL_MODEL_PRESET["TASK_CONFIG"]
+    assert sparse["EVAL_SAMPLES"] == demo["EVAL_SAMPLES"] == "100"
+    assert learning.settings_digest(sparse) != learning.settings_digest(demo)
