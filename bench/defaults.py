@@ -106,6 +106,9 @@ def run_cell(args: argparse.Namespace, folder: Path, cell: str, evaluate_before:
     started = time.monotonic()
     workload = GRPOWorkload(config, LocalStorage(folder), "worker-1", threading.Event())
     before = [e.model_dump() for e in workload.evaluate(0)] if evaluate_before else None
+    if before is not None:
+        seconds = time.monotonic() - started
+        print(f"[{cell} {seconds:5.0f}s] held-out before training: {pass1(before)[0]:.3f}", flush=True)
     rewards, zero_variance, lrs = [], [], []
     for round_ in range(args.rounds):
         ctx = StageContext(node_id="worker-1", round=round_, stage=0, seed=config.seed)

@@ -177,7 +177,7 @@ def run_all(args: argparse.Namespace, folder: Path, plan: list[dict]) -> dict:
     import shutil
     import subprocess
 
-    from swarm_gdrive.procs import NodeProcess, stop_all
+    from swarm_gdrive.procs import NodeProcess
 
     nodes, sinks = [], []
     started = time.monotonic()
@@ -198,14 +198,37 @@ def run_all(args: argparse.Namespace, folder: Path, plan: list[dict]) -> dict:
         codes = {n.name: n.wait(timeout=max(1.0, deadline - time.monotonic())) for n in nodes}
     except subprocess.TimeoutExpired:
         print(f"[study] timeout after {args.timeout:.0f} s: stopping every node", flush=True)
-        timed_out, codes = True, stop_all(nodes)
+        timed_out, codes = True, stop_together(nodes)
     except BaseException:
-        stop_all(nodes)
+        stop_together(nodes)
         raise
     finally:
         for sink in sinks:
             sink.log.close()
     return {"exit_codes": codes, "wall_s": round(time.monotonic() - started, 1), "timed_out": timed_out}
+
+
+def stop_together(nodes: list, grace: float = 20.0) -> dict[str, int]:
+    """SIGTERM every node at once, then SIGKILL those still running after ``grace`` seconds in all.
+
+    ``procs.stop_all`` waits for each node in turn (up to 30 s each): with 30 nodes that could outlast a
+    lent machine's time.
+    """
+    import signal
+    import subprocess
+
+    for node in nodes:
+        if node.returncode is None:
+            node.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    codes = {}
+    for node in nodes:
+        try:
+            codes[node.name] = node.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            node.proc.kill()
+            codes[node.name] = node.wait()
+    return codes
 
 
 def _role(env: dict[str, str], role: str, node: str) -> dict[str, str]:

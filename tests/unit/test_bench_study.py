@@ -63,3 +63,31 @@ def test_every_swarm_of_a_seed_shares_its_seed_and_node_names(tmp_path: Path) ->
     assert [e["NUM_TRANSPLANT_TREES"] for e in envs[:2]] == ["0", "4"]
     assert [e["NUM_TRAIN_SAMPLES"] for e in envs[:2]] == ["8", "4"]
     assert len({e["EXPERIMENT_NAME"] for e in envs}) == 6
+
+
+class _Node:
+    def __init__(self, name: str, code: str) -> None:
+        import subprocess
+
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, "-c", code])
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.proc.wait(timeout)
+
+
+def test_stop_together_stops_every_node_within_one_grace_period() -> None:
+    import time
+
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    nodes = [_Node(f"n{i}", "import time; time.sleep(60)") for i in range(3)] + [_Node("stubborn", stubborn)]
+    time.sleep(0.5)  # let the stubborn one install its handler
+    started = time.monotonic()
+    codes = study.stop_together(nodes, grace=2.0)
+    assert time.monotonic() - started < 6.0
+    assert all(codes[f"n{i}"] == -15 for i in range(3))  # SIGTERM
+    assert codes["stubborn"] == -9  # SIGKILL after the grace period
