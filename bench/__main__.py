@@ -1,6 +1,7 @@
 """One entry point for the benchmarks: ``python -m bench <part> [options]``.
 
-Parts: coordination, generation, training, learning; ``all`` runs coordination, generation and
+Parts: coordination, generation, training, learning, study (SAPO, replicated swarms), defaults
+(training-setting sweep); ``all`` runs coordination, generation and
 training with their defaults. Each part writes ``bench/results/<part>_<machine>.json`` and ``.md``.
 ``python -m bench <part> --help`` lists a part's options.
 """
@@ -16,6 +17,8 @@ PARTS = {
     "generation": "bench.generation",
     "training": "bench.training",
     "learning": "bench.learning",
+    "study": "bench.study",
+    "defaults": "bench.defaults",
 }
 ALL = ("coordination", "generation", "training")
 

@@ -527,6 +527,16 @@ class Config:
     )
     top_p: float = _env("TOP_P", 1.0, "Nucleus sampling mass.", _parse_float(0.01, 1.0))
     learning_rate: float = _env("LEARNING_RATE", 1e-6, "AdamW learning rate.", _parse_float(0.0, 1.0))
+    warmup_steps: int = _env(
+        "WARMUP_STEPS",
+        0,
+        "Optimizer steps of linear LR warmup from LEARNING_RATE/N to LEARNING_RATE, then constant (TRL "
+        "warmup_steps); 0 is off. Counted by the optimizer, so a resumed node continues its warmup.",
+        _parse_int(0),
+    )
+    weight_decay: float = _env(
+        "WEIGHT_DECAY", 0.01, "AdamW weight decay (decoupled; torch's default 0.01).", _parse_float(0.0, 1.0)
+    )
     max_grad_norm: float = _env("MAX_GRAD_NORM", 1.0, "Gradient clipping norm.", _parse_float(1e-9))
     micro_batch_size: int = _env(
         "MICRO_BATCH_SIZE", 8, "Sequences per backward pass (gradient accumulation).", _parse_int(1)

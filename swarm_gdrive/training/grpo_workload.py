@@ -46,6 +46,8 @@ def settings_from(config: Config) -> TrainSettings:
         temperature=config.temperature,
         top_p=config.top_p,
         learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay,
+        warmup_steps=config.warmup_steps,
         max_grad_norm=config.max_grad_norm,
         micro_batch_size=config.micro_batch_size,
         gen_batch_size=config.gen_batch_size,
@@ -334,8 +336,9 @@ class GRPOWorkload:
         saved = AutoModelForCausalLM.from_pretrained(restored.folder, dtype=torch.float32, use_safetensors=True)
         self.trainer.model.load_state_dict(saved.state_dict())
         round_ = checkpoint.restore_training_state(restored.folder, self.trainer.optimizer)
-        for group in self.trainer.optimizer.param_groups:  # LEARNING_RATE as configured now, not as saved
-            group["lr"] = self.config.learning_rate
+        for group in self.trainer.optimizer.param_groups:  # WEIGHT_DECAY as configured now, not as saved
+            group["weight_decay"] = self.config.weight_decay
+        self.trainer.set_lr()  # LEARNING_RATE as configured now, at the restored step of its warmup
         return round_
 
     def end_round(self, round_: int, final: bool) -> dict[str, float]:

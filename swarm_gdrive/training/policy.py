@@ -39,6 +39,8 @@ class TrainSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     learning_rate: float = 1e-6
+    weight_decay: float = 0.01
+    warmup_steps: int = 0
     max_grad_norm: float = 1.0
     micro_batch_size: int = 8
     gen_batch_size: int = 64
@@ -105,6 +107,32 @@ def peak_memory_mb(device: torch.device) -> float:
     return rss / 2**20 if sys.platform == "darwin" else rss / 1024
 
 
+def warmup_lr(base: float, warmup_steps: int, steps_done: int) -> float:
+    """The learning rate of optimizer step ``steps_done + 1``: linear warmup, then constant.
+
+    lr = base * min(1, (steps_done + 1) / warmup_steps), as transformers' ``get_constant_schedule_with_warmup``
+    shifted by one so that the first step already moves the weights; ``warmup_steps`` 0 is the base rate
+    throughout. There is no decay: a swarm's length is open-ended (MAX_ROUNDS can be extended).
+    """
+    if warmup_steps <= 0:
+        return base
+    return base * min(1.0, (steps_done + 1) / warmup_steps)
+
+
+def optimizer_steps(optimizer: torch.optim.Optimizer) -> int:
+    """Optimizer steps taken so far, from AdamW's own per-parameter ``step`` (saved and restored with checkpoints).
+
+    The schedule is a function of this count, so it needs no scheduler state of its own: a restored
+    optimizer resumes the warmup where it stopped.
+    """
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            step = optimizer.state.get(param, {}).get("step")
+            if step is not None:
+                return int(step)
+    return 0
+
+
 class PolicyTrainer:
     """A causal LM, its tokenizer and optimizer, on one explicit device."""
 
@@ -124,7 +152,9 @@ class PolicyTrainer:
         self.settings = settings
         self.device = device
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=settings.learning_rate
+            [p for p in model.parameters() if p.requires_grad],
+            lr=warmup_lr(settings.learning_rate, settings.warmup_steps, 0),
+            weight_decay=settings.weight_decay,
         )
         use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
         self._autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_bf16 else nullcontext
@@ -233,7 +263,7 @@ class PolicyTrainer:
         ref = self._ref_logps(batches) if beta > 0 else [None] * len(batches)
         self.model.train()
         sums: dict[str, float] = {}
-        loss_total = grad_norm = 0.0
+        loss_total = grad_norm = lr = 0.0
         for _ in range(self.settings.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             loss_total = 0.0
@@ -263,12 +293,14 @@ class PolicyTrainer:
                 for key, value in out.metrics.items():
                     sums[key] = sums.get(key, 0.0) + value * batch["n"] / len(active)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.max_grad_norm))
+            lr = self.set_lr()
             self.optimizer.step()
         seconds = time.monotonic() - started
         tokens = sum(b["tokens"] + b["prompt_tokens"] for b in batches) * self.settings.num_iterations
         metrics.update(
             {
                 "train/loss": loss_total,
+                "train/lr": lr,
                 "train/grad_norm": grad_norm,
                 "train/step_s": seconds,
                 "train/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
@@ -277,6 +309,13 @@ class PolicyTrainer:
             }
         )
         return metrics
+
+    def set_lr(self) -> float:
+        """Set every parameter group's rate for the next optimizer step (:func:`warmup_lr`); returns it."""
+        lr = warmup_lr(self.settings.learning_rate, self.settings.warmup_steps, optimizer_steps(self.optimizer))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
 
     def _collate(self, seqs: list[tuple[list[int], list[int], float]]) -> dict[str, Any]:
         """Left-padded prompts followed by right-padded completions, as TRL lays them out."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -110,6 +111,13 @@ def test_two_workers_train_on_local_and_external_groups(tmp_path, model_dir):
             assert reward.num_local_groups == N_LOCAL and reward.num_external_groups == N_EXT
 
 
+def _complete(manifest: Path) -> bool:
+    try:
+        return json.loads(manifest.read_text()).get("complete") is True
+    except (OSError, ValueError):
+        return False
+
+
 def test_a_killed_worker_resumes_from_its_checkpoint_at_the_next_round(tmp_path, model_dir):
     folder = tmp_path / "drive"
     folder.mkdir()
@@ -119,7 +127,9 @@ def test_a_killed_worker_resumes_from_its_checkpoint_at_the_next_round(tmp_path,
     nodes = [coordinator, worker]
     try:
         manifest = folder / LAYOUT.checkpoint_dir("w1", 1) / "checkpoint.json"
-        wait_until(manifest.exists, 240, "the round-1 checkpoint", nodes)
+        # The manifest is written first with complete: false (checkpoint.save): a kill before the second write
+        # leaves an interrupted save, which resume rightly skips. Wait for the complete one.
+        wait_until(lambda: _complete(manifest), 240, "the round-1 checkpoint", nodes)
         worker.kill()
         saved = load_file(str(manifest.parent / "model.safetensors"))
         again = NodeProcess("w1-restarted", {**env, "NODE_ID": "w1"})

@@ -19,8 +19,10 @@ from swarm_gdrive.training.policy import (  # noqa: E402
     PolicyTrainer,
     TrainGroup,
     TrainSettings,
+    optimizer_steps,
     pick_device,
     ragged_advantages,
+    warmup_lr,
 )
 from swarm_gdrive.training.tiny_model import build_tiny_model  # noqa: E402
 
@@ -502,3 +504,69 @@ def test_a_checkpoint_is_due_after_checkpoint_minutes_whatever_the_round_interva
     now[0] += 4 * 60
     workload.end_round(3, final=False)
     assert rounds_saved() == ["round_1", "round_3"]
+
+
+# --- learning-rate warmup and weight decay (WARMUP_STEPS, WEIGHT_DECAY) ---------------------------------------------
+
+
+def test_warmup_lr_ramps_linearly_then_stays_constant() -> None:
+    assert [warmup_lr(1.0, 4, k) for k in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert warmup_lr(3e-6, 0, 0) == 3e-6  # off
+    assert warmup_lr(3e-6, 1, 0) == 3e-6
+
+
+def test_warmup_ramps_the_rate_of_each_optimizer_step(model: Any, tokenizer: Any) -> None:
+    trainer = trainer_for(model, tokenizer, learning_rate=1e-3, warmup_steps=3)
+    groups = make_groups(trainer, VARIED_REWARDS)
+    rates = [trainer.step(groups)["train/lr"] for _ in range(4)]
+    assert rates == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3])
+    assert optimizer_steps(trainer.optimizer) == 4
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
+
+
+def test_a_step_without_signal_does_not_advance_the_warmup(model: Any, tokenizer: Any) -> None:
+    trainer = trainer_for(model, tokenizer, learning_rate=1e-3, warmup_steps=2)
+    trainer.step(make_groups(trainer, [[1.0, 1.0], [0.0, 0.0]]))  # no reward variance: no optimizer step
+    assert optimizer_steps(trainer.optimizer) == 0
+    assert trainer.step(make_groups(trainer, VARIED_REWARDS))["train/lr"] == pytest.approx(5e-4)
+
+
+def test_weight_decay_is_decoupled_and_honoured(model: Any, tokenizer: Any) -> None:
+    """AdamW: p <- p (1 - lr wd) - lr * adam(g); so the same step with and without decay differs by lr wd p."""
+    lr, wd = 1e-2, 0.5
+    before = snapshot(model)
+    plain, decayed = copy.deepcopy(model), copy.deepcopy(model)
+    a = trainer_for(plain, tokenizer, learning_rate=lr, weight_decay=0.0)
+    b = trainer_for(decayed, tokenizer, learning_rate=lr, weight_decay=wd)
+    assert a.optimizer.param_groups[0]["weight_decay"] == 0.0
+    assert b.optimizer.param_groups[0]["weight_decay"] == wd
+    a.step(make_groups(a, VARIED_REWARDS))
+    b.step(make_groups(b, VARIED_REWARDS))
+    for (name, p0), p1 in zip(trainable(plain).items(), trainable(decayed).values(), strict=True):
+        torch.testing.assert_close(p1.detach() - p0.detach(), -lr * wd * before[name], atol=1e-6, rtol=1e-4)
+
+
+def test_a_restored_optimizer_resumes_the_warmup(tmp_path: Path, model: Any, tokenizer: Any) -> None:
+    """The schedule is a function of AdamW's saved step count: a checkpoint's optimizer files carry it."""
+    import json
+    import random
+
+    from safetensors.torch import save_file
+
+    from swarm_gdrive.training import checkpoint
+
+    trainer = trainer_for(model, tokenizer, learning_rate=1e-3, warmup_steps=4)
+    groups = make_groups(trainer, VARIED_REWARDS)
+    trainer.step(groups)
+    trainer.step(groups)
+    tensors, meta = checkpoint.optimizer_to_files(trainer.optimizer)
+    save_file(tensors, str(tmp_path / checkpoint.OPTIMIZER_FILE))
+    version, state, gauss = random.getstate()
+    meta.update({"round": 2, "python_rng": [version, list(state), gauss]})
+    (tmp_path / checkpoint.STATE_FILE).write_text(json.dumps(meta))
+
+    resumed = trainer_for(copy.deepcopy(model), tokenizer, learning_rate=1e-3, warmup_steps=4)
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(2.5e-4)  # a fresh trainer starts the ramp
+    assert checkpoint.restore_training_state(tmp_path, resumed.optimizer) == 2
+    assert optimizer_steps(resumed.optimizer) == 2
+    assert [resumed.step(groups)["train/lr"] for _ in range(3)] == pytest.approx([7.5e-4, 1e-3, 1e-3])

@@ -1,0 +1,93 @@
+"""The replicated SAPO study's statistics (bench/study.py): t-intervals, p-values and the detectable difference."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench import study  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("t", "df", "expected"),  # scipy.stats.t.sf(t, df) * 2
+    [(2.0, 2, 0.183503), (1.3, 5, 0.250301), (4.303, 2, 0.05), (0.0, 3, 1.0), (12.706, 1, 0.05)],
+)
+def test_t_two_sided_p_matches_scipy(t: float, df: int, expected: float) -> None:
+    assert study.t_two_sided_p(t, df) == pytest.approx(expected, abs=2e-4)
+
+
+def test_sign_flip_p_cannot_go_below_two_over_two_to_the_n() -> None:
+    assert study.sign_flip_p([1.0, 2.0, 3.0]) == 0.25  # every difference positive: the smallest p for n = 3
+    assert study.sign_flip_p([1.0, 1.0, 1.0, 1.0, 1.0]) == pytest.approx(2 / 32)
+    assert study.sign_flip_p([1.0, -1.0]) == 1.0
+
+
+def test_paired_gives_a_t_interval_and_the_minimal_detectable_difference() -> None:
+    treated, baseline = [10.0, 12.0, 11.0], [9.0, 10.0, 10.5]
+    out = study.paired(treated, baseline)
+    d = [1.0, 2.0, 0.5]
+    sd = 0.763763
+    assert out["differences"] == d and out["n"] == 3
+    assert out["mean"] == pytest.approx(7 / 6)
+    assert out["sd"] == pytest.approx(sd, abs=1e-6)
+    half = 4.303 * sd / math.sqrt(3)
+    assert out["ci"] == pytest.approx([7 / 6 - half, 7 / 6 + half], abs=1e-4)
+    assert out["mdd"] == pytest.approx((4.303 + 1.061) * sd / math.sqrt(3), abs=1e-4)
+    assert out["mdd_per_sd"] == pytest.approx(3.097, abs=1e-3)
+    assert out["p_sign_flip"] == 0.25 and out["p_sign_flip_floor"] == 0.25
+    assert 0.05 < out["p_t"] < 0.2  # t = 2.65 on 2 df
+
+
+def test_paired_leaves_out_a_seed_with_a_missing_figure() -> None:
+    out = study.paired([1.0, math.nan, 3.0, 2.0], [0.0, 1.0, 1.0, 1.0])
+    assert out["n"] == 3 and out["differences"] == [1.0, 2.0, 1.0]
+
+
+def test_interval_of_replicates() -> None:
+    out = study.interval([1.0, 2.0, 3.0])
+    assert out["mean"] == 2.0 and out["sd"] == 1.0
+    assert out["ci"] == pytest.approx([2 - 4.303 / math.sqrt(3), 2 + 4.303 / math.sqrt(3)])
+    assert math.isnan(study.interval([1.0])["ci"][0])
+
+
+def test_every_swarm_of_a_seed_shares_its_seed_and_node_names(tmp_path: Path) -> None:
+    args = study.parse_args(["--seeds", "3", "--transplants", "0,4", "--workers", "4", "--groups", "8"])
+    plan = study.swarms(args)
+    assert [(s["seed"], s["J"]) for s in plan] == [(1, 0), (1, 4), (2, 0), (2, 4), (3, 0), (3, 4)]
+    envs = [study.swarm_env(args, tmp_path, s) for s in plan]
+    assert {e["SEED"] for e in envs[:2]} == {"1"} and envs[2]["SEED"] == "2"
+    assert [e["NUM_TRANSPLANT_TREES"] for e in envs[:2]] == ["0", "4"]
+    assert [e["NUM_TRAIN_SAMPLES"] for e in envs[:2]] == ["8", "4"]
+    assert len({e["EXPERIMENT_NAME"] for e in envs}) == 6
+
+
+class _Node:
+    def __init__(self, name: str, code: str) -> None:
+        import subprocess
+
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, "-c", code])
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.proc.wait(timeout)
+
+
+def test_stop_together_stops_every_node_within_one_grace_period() -> None:
+    import time
+
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    nodes = [_Node(f"n{i}", "import time; time.sleep(60)") for i in range(3)] + [_Node("stubborn", stubborn)]
+    time.sleep(0.5)  # let the stubborn one install its handler
+    started = time.monotonic()
+    codes = study.stop_together(nodes, grace=2.0)
+    assert time.monotonic() - started < 6.0
+    assert all(codes[f"n{i}"] == -15 for i in range(3))  # SIGTERM
+    assert codes["stubborn"] == -9  # SIGKILL after the grace period
