@@ -130,9 +130,14 @@ def test_huge_integers_type_confusion_and_unregistered_rollouts_crash_no_node(tm
     assert (folder / LAYOUT.rollouts_round_dir(1) / "stage_5").exists()
 
 
-def test_a_coordinator_restarted_on_an_unreadable_state_mid_run_resumes_after_the_last_rewarded_round(tmp_path):
+@pytest.mark.parametrize("planted", ["huge_int", "another_run"])
+def test_a_coordinator_restarted_on_an_unreadable_state_mid_run_resumes_after_the_last_rewarded_round(
+    tmp_path, planted
+):
     """Round 2 was being played (rewards of rounds 0 and 1 are in the folder) when the state became the 5 KB
-    file: the coordinator reopens round 2 instead of exiting 1 at every restart, or starting again at 0."""
+    file, or a valid state of another run than experiment.json's (a forged one; seen in the randomised mixed run,
+    where the restarted coordinator exited 2 and its workers 3): the coordinator reopens round 2 instead of exiting
+    at every restart, or starting again at 0."""
     folder = tmp_path / "drive"
     folder.mkdir()
     env = fast_env(folder, LAYOUT.experiment, MAX_ROUNDS=5, NUM_TRANSPLANT_TREES=0)
@@ -155,7 +160,14 @@ def test_a_coordinator_restarted_on_an_unreadable_state_mid_run_resumes_after_th
             submitted_at=time.time(),
         )
         LocalStorage(folder).write_bytes(LAYOUT.reward_file(round_, 0, "w1"), encode(reward))
-    (folder / LAYOUT.state_file).write_bytes(huge_int("state"))
+    if planted == "huge_int":
+        (folder / LAYOUT.state_file).write_bytes(huge_int("state"))
+        reason = HUGE_REASON
+    else:
+        state = read_record(folder, LAYOUT.state_file, StateRecord)
+        forged = state.model_copy(update={"run_id": "0123456789abcdef", "round": 3, "seq": state.seq + 5})
+        (folder / LAYOUT.state_file).write_bytes(encode(forged))
+        reason = "of another run"
 
     again = Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})
     again.start()
@@ -166,7 +178,7 @@ def test_a_coordinator_restarted_on_an_unreadable_state_mid_run_resumes_after_th
     state = read_record(folder, LAYOUT.state_file, StateRecord)
     assert (state.round, state.status, state.run_id) == (2, "running", run_id)
     said = [e.message for e in events(folder, "coord") if e.event == "state_recovered"]
-    assert said and HUGE_REASON in said[0] and "resuming at round 2 (running), after round 1" in said[0], said
+    assert said and reason in said[0] and "resuming at round 2 (running), after round 1" in said[0], said
 
 
 # -- the gather --------------------------------------------------------------------------------------------------
