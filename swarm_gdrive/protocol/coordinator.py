@@ -358,12 +358,14 @@ class Coordinator:
 
     def _serve(self, state: StateRecord, heartbeat: Heartbeat) -> None:
         backoff = Backoff(self.config.poll_interval_min, self.config.poll_interval_max)
-        opened = self.clock()
+        opened = checked = self.clock()
         last_seen: tuple[frozenset[str], frozenset[str]] | None = None
         while state.status != "finished":
             if self.stop.is_set():
                 raise Stopped()
             now = self.clock()
+            if now - checked >= self.config.heartbeat_interval:
+                state, checked = self._keep_own_state(state), now
             live = self.observe(now)
             submitted = self.submissions(state)
             self.watch_late(now, self.config.coordinator_round_interval + self.config.sync_lag)
@@ -394,6 +396,29 @@ class Coordinator:
                 if state.status == "running":
                     timeout = min(timeout, max(0.0, self.config.coordinator_round_interval - (self.clock() - opened)))
                 self.stop.wait(max(timeout, 0.01))
+
+    def _keep_own_state(self, state: StateRecord) -> StateRecord:
+        """Read the state file back (every HEARTBEAT_INTERVAL): anything but the state this coordinator last wrote (a
+        folder or garbage planted there, another writer's state) is replaced by that state with ``seq`` + 1, so
+        workers are not left without a readable state until the next round opens. Returns the state in force."""
+        found = self.exchange.read_state_file()
+        key = (state.run_id, state.round, state.seq, state.status, state.coordinator_id)
+        if found is not None and (found.run_id, found.round, found.seq, found.status, found.coordinator_id) == key:
+            return state
+        path = self.layout.state_file
+        if found is None:
+            why = self.exchange.rejection(path) or "missing"
+        else:
+            why = f"round {found.round} seq {found.seq} of run {found.run_id} by {found.coordinator_id!r}"
+        restored = state.model_copy(update={"seq": state.seq + 1, "updated_at": time.time()})
+        self.exchange.write_state(restored)  # clears what blocks it (a folder, a link) as every write of its own does
+        self.log.event(
+            "state_restored",
+            f"{path} was not this coordinator's ({why}): wrote round {state.round} ({state.status}) again",
+            level="warning",
+            round_=state.round,
+        )
+        return restored
 
     def _publish(
         self, old: StateRecord, decision: Decision, live: frozenset[str], submitted: frozenset[str], now: float
