@@ -183,11 +183,14 @@ class Coordinator:
         self.exchange.run_id = existing.run_id
         try:
             state = self.exchange.read_state()
-        except RunChangedError:
-            self._reset_or_refuse("its state belongs to another run than its experiment.json")
-            return self._create()
+            foreign = None
+        except RunChangedError as exc:
+            # experiment.json defines the run. A state of another run is a planted file, or what a coordinator
+            # killed between writing experiment.json and the first state of a new run left: recovered from, as an
+            # unreadable one is, never a reason to stop the swarm.
+            state, foreign = None, f"of another run ({exc})"
         if state is None:
-            state = self._recover_state(existing.run_id)
+            state = self._recover_state(existing.run_id, foreign)
         elif state.status == "finished" and state.round < self.config.max_rounds:
             logger.info("extending finished experiment from %d to %d rounds", state.round, self.config.max_rounds)
             state = state.model_copy(update={"status": "running", "round": state.round})
@@ -254,7 +257,7 @@ class Coordinator:
         self.log.event("experiment_created", f"run {run_id}", round_=0, fingerprint=self.config.fingerprint())
         return state
 
-    def _recover_state(self, run_id: str) -> StateRecord:
+    def _recover_state(self, run_id: str, why: str | None = None) -> StateRecord:
         """The state to resume from when the state file is absent or unreadable (a hostile or broken file).
 
         Without rewards, round 0 waits for workers as on a first start. Otherwise the round after the last one
@@ -264,10 +267,18 @@ class Coordinator:
         state = self._initial_state(run_id)
         last = self._last_rewarded_round(state.num_stages)
         if last is None:
+            if why is not None:
+                self.log.event(
+                    "state_recovered",
+                    f"{self.layout.state_file} is {why}: starting at round 0, no round has rewards",
+                    level="warning",
+                    round_=0,
+                    status=state.status,
+                )
             return state
         round_ = last + 1
         status = "finished" if round_ >= self.config.max_rounds else "running"
-        why = self.exchange.rejection(self.layout.state_file) or "missing"
+        why = why or self.exchange.rejection(self.layout.state_file) or "missing"
         self.log.event(
             "state_recovered",
             f"{self.layout.state_file} is {why}: resuming at round {round_} ({status}), after round {last}, the last "
@@ -347,12 +358,14 @@ class Coordinator:
 
     def _serve(self, state: StateRecord, heartbeat: Heartbeat) -> None:
         backoff = Backoff(self.config.poll_interval_min, self.config.poll_interval_max)
-        opened = self.clock()
+        opened = checked = self.clock()
         last_seen: tuple[frozenset[str], frozenset[str]] | None = None
         while state.status != "finished":
             if self.stop.is_set():
                 raise Stopped()
             now = self.clock()
+            if now - checked >= self.config.heartbeat_interval:
+                state, checked = self._keep_own_state(state), now
             live = self.observe(now)
             submitted = self.submissions(state)
             self.watch_late(now, self.config.coordinator_round_interval + self.config.sync_lag)
@@ -383,6 +396,29 @@ class Coordinator:
                 if state.status == "running":
                     timeout = min(timeout, max(0.0, self.config.coordinator_round_interval - (self.clock() - opened)))
                 self.stop.wait(max(timeout, 0.01))
+
+    def _keep_own_state(self, state: StateRecord) -> StateRecord:
+        """Read the state file back (every HEARTBEAT_INTERVAL): anything but the state this coordinator last wrote (a
+        folder or garbage planted there, another writer's state) is replaced by that state with ``seq`` + 1, so
+        workers are not left without a readable state until the next round opens. Returns the state in force."""
+        found = self.exchange.read_state_file()
+        key = (state.run_id, state.round, state.seq, state.status, state.coordinator_id)
+        if found is not None and (found.run_id, found.round, found.seq, found.status, found.coordinator_id) == key:
+            return state
+        path = self.layout.state_file
+        if found is None:
+            why = self.exchange.rejection(path) or "missing"
+        else:
+            why = f"round {found.round} seq {found.seq} of run {found.run_id} by {found.coordinator_id!r}"
+        restored = state.model_copy(update={"seq": state.seq + 1, "updated_at": time.time()})
+        self.exchange.write_state(restored)  # clears what blocks it (a folder, a link) as every write of its own does
+        self.log.event(
+            "state_restored",
+            f"{path} was not this coordinator's ({why}): wrote round {state.round} ({state.status}) again",
+            level="warning",
+            round_=state.round,
+        )
+        return restored
 
     def _publish(
         self, old: StateRecord, decision: Decision, live: frozenset[str], submitted: frozenset[str], now: float

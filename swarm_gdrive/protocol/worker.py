@@ -113,9 +113,16 @@ class Worker:
 
     def _join(self) -> str:
         """Wait for the experiment to exist, learn its run id, clean up after a killed predecessor."""
-        experiment = wait_for(
-            self.exchange.read_experiment, self.stop, self.config.coordinator_wait_timeout, self._state_backoff
-        )
+        experiment = self.exchange.read_experiment()
+        if experiment is None:
+            logger.info(
+                "no experiment %r yet: waiting up to %g s for its coordinator (COORDINATOR_WAIT_TIMEOUT)",
+                self.config.experiment_name,
+                self.config.coordinator_wait_timeout,
+            )
+            experiment = wait_for(
+                self.exchange.read_experiment, self.stop, self.config.coordinator_wait_timeout, self._state_backoff
+            )
         if experiment is None:
             raise GiveUpError(
                 f"no experiment {self.config.experiment_name!r} appeared in {self.config.coordinator_wait_timeout:g} s:"

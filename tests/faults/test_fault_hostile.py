@@ -77,7 +77,7 @@ def test_hostile_files_are_rejected_with_their_reasons_and_nothing_forged_is_tra
         os.replace(garbage, folder / LAYOUT.state_file)
         said = f"rejected {LAYOUT.state_file}: not JSON"
         wait_until(lambda: all(any(said in x for x in p.lines) for p in (w1, w2)), 60, "state rejected", swarm.procs)
-        swarm.start("w3")  # the coordinator opens round 0: its state replaces the garbage
+        swarm.start("w3")  # the coordinator has written its own state over the garbage (state_restored), opens round 0
         wait_until(lambda: b'"status":"running"' in (folder / LAYOUT.state_file).read_bytes(), 60, "round 0", [])
         planted.discard(LAYOUT.state_file)
         codes = swarm.wait(timeout=180)
@@ -101,7 +101,8 @@ def test_hostile_files_are_rejected_with_their_reasons_and_nothing_forged_is_tra
         counts = Counter(e.data["path"] for e in events(folder, node) if e.event == "file_rejected")
         assert max(counts.values()) == 1, (node, counts.most_common(3))
     for w in WORKERS:
-        assert "not JSON" in rejections(folder, w)[LAYOUT.state_file]
+        if w != "w3":  # w3 joined later: the coordinator had written its own state over the planted one by then
+            assert "not JSON" in rejections(folder, w)[LAYOUT.state_file]
         ignored = [e.data["names"] for e in events(folder, w) if e.event == "rollouts_ignored"]
         assert ignored == [["stranger"]] * ROUNDS, ignored  # a valid batch of a name that never registered: unread
     assert not rejections(folder, "coord").keys() & {LAYOUT.peer_file("fakecoord")}  # valid, just not a worker

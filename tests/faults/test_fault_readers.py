@@ -118,7 +118,8 @@ def test_huge_integers_type_confusion_and_unregistered_rollouts_crash_no_node(tm
         for path, reason in expected.items():
             assert reason in got.get(path, ""), (node, path, got.get(path))
     for w in WORKERS:
-        assert HUGE_REASON in rejections(folder, w)[LAYOUT.state_file]
+        if w != "w3":  # w3 joined later: the coordinator had written its own state over the planted one by then
+            assert HUGE_REASON in rejections(folder, w)[LAYOUT.state_file]
         ignored = [e for e in events(folder, w) if e.event == "rollouts_ignored"]
         assert [e.round for e in ignored] == list(range(ROUNDS)), ignored
         assert ignored[0].data["count"] == 21 and "stranger0" in ignored[0].data["names"], ignored[0].data
@@ -130,9 +131,14 @@ def test_huge_integers_type_confusion_and_unregistered_rollouts_crash_no_node(tm
     assert (folder / LAYOUT.rollouts_round_dir(1) / "stage_5").exists()
 
 
-def test_a_coordinator_restarted_on_an_unreadable_state_mid_run_resumes_after_the_last_rewarded_round(tmp_path):
+@pytest.mark.parametrize("planted", ["huge_int", "another_run"])
+def test_a_coordinator_restarted_on_an_unreadable_state_mid_run_resumes_after_the_last_rewarded_round(
+    tmp_path, planted
+):
     """Round 2 was being played (rewards of rounds 0 and 1 are in the folder) when the state became the 5 KB
-    file: the coordinator reopens round 2 instead of exiting 1 at every restart, or starting again at 0."""
+    file, or a valid state of another run than experiment.json's (a forged one; seen in the randomised mixed run,
+    where the restarted coordinator exited 2 and its workers 3): the coordinator reopens round 2 instead of exiting
+    at every restart, or starting again at 0."""
     folder = tmp_path / "drive"
     folder.mkdir()
     env = fast_env(folder, LAYOUT.experiment, MAX_ROUNDS=5, NUM_TRANSPLANT_TREES=0)
@@ -155,7 +161,14 @@ def test_a_coordinator_restarted_on_an_unreadable_state_mid_run_resumes_after_th
             submitted_at=time.time(),
         )
         LocalStorage(folder).write_bytes(LAYOUT.reward_file(round_, 0, "w1"), encode(reward))
-    (folder / LAYOUT.state_file).write_bytes(huge_int("state"))
+    if planted == "huge_int":
+        (folder / LAYOUT.state_file).write_bytes(huge_int("state"))
+        reason = HUGE_REASON
+    else:
+        state = read_record(folder, LAYOUT.state_file, StateRecord)
+        forged = state.model_copy(update={"run_id": "0123456789abcdef", "round": 3, "seq": state.seq + 5})
+        (folder / LAYOUT.state_file).write_bytes(encode(forged))
+        reason = "of another run"
 
     again = Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})
     again.start()
@@ -166,7 +179,48 @@ def test_a_coordinator_restarted_on_an_unreadable_state_mid_run_resumes_after_th
     state = read_record(folder, LAYOUT.state_file, StateRecord)
     assert (state.round, state.status, state.run_id) == (2, "running", run_id)
     said = [e.message for e in events(folder, "coord") if e.event == "state_recovered"]
-    assert said and HUGE_REASON in said[0] and "resuming at round 2 (running), after round 1" in said[0], said
+    assert said and reason in said[0] and "resuming at round 2 (running), after round 1" in said[0], said
+
+
+@pytest.mark.parametrize("planted", ["folder", "garbage", "another_coordinator"])
+def test_a_running_coordinator_writes_its_state_again_when_something_else_is_there(tmp_path, planted):
+    """Round 0 waits for workers, so the coordinator has no round to open: before, a folder or garbage planted where
+    the state file belongs stayed until the next round (a restarted worker gave up waiting for a readable state:
+    trials 131 and 142 of the mixed run). Now it is replaced within a heartbeat interval, with seq + 1."""
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = fast_env(folder, LAYOUT.experiment, MAX_ROUNDS=3, MIN_WORKERS=2)
+    coordinator = Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})
+    coordinator.start()
+    try:
+        state_file = folder / LAYOUT.state_file
+        wait_until(state_file.exists, 30, "the state", [])
+        honest = read_record(folder, LAYOUT.state_file, StateRecord)
+        if planted == "folder":
+            os.replace(state_file, tmp_path / "aside.json")
+            (state_file / "inner").mkdir(parents=True)
+        elif planted == "garbage":
+            plant(folder, LAYOUT.state_file, b"{not json")
+        else:
+            other = honest.model_copy(update={"coordinator_id": "mallory", "seq": honest.seq + 7})
+            plant(folder, LAYOUT.state_file, encode(other))
+
+        def restored() -> bool:
+            try:
+                state = read_record(folder, LAYOUT.state_file, StateRecord)
+            except (OSError, ValueError):
+                return False
+            return state.coordinator_id == "coord" and state.seq > honest.seq
+
+        wait_until(restored, 30, "the coordinator's state again", [])
+    finally:
+        coordinator.stop.set()
+        coordinator.join(30)
+    assert coordinator.code == 0
+    state = read_record(folder, LAYOUT.state_file, StateRecord)
+    assert (state.round, state.status, state.run_id) == (honest.round, honest.status, honest.run_id)
+    said = [e.message for e in events(folder, "coord") if e.event == "state_restored"]
+    assert said and "was not this coordinator's" in said[0], said
 
 
 # -- the gather --------------------------------------------------------------------------------------------------

@@ -153,9 +153,17 @@ def _check_restart(folder: Path, victim: str, state_at_kill: StateRecord | None,
     """
     torn_ok = point in ("flush", "random")
     if victim == "coord":
-        resumed = [e for e in events(folder, "coord", torn_ok) if e.event == "coordinator_resumed"]
+        log = events(folder, "coord", torn_ok)
+        resumed = [e for e in log if e.event == "coordinator_resumed"]
         assert len(resumed) == 1, resumed
-        assert state_at_kill is not None and resumed[0].round == state_at_kill.round, (resumed, state_at_kill)
+        run_id = read_record(folder, LAYOUT.experiment_file, ExperimentRecord).run_id
+        if state_at_kill is not None and state_at_kill.run_id != run_id:
+            state_at_kill = None  # a planted state of another run: recovered from, as an unreadable one
+        if state_at_kill is None:  # unreadable at the kill (a planted folder or file there): nothing to compare with
+            recovered = [e for e in log if e.event == "state_recovered" and e.ts > killed_at]
+            assert not recovered or resumed[0].round == recovered[-1].round, (resumed, recovered)
+            return resumed[0].round
+        assert resumed[0].round == state_at_kill.round, (resumed, state_at_kill)
         return resumed[0].round
     # The killed process's events of its last round were buffered, not flushed: its start may be missing.
     log = events(folder, victim, torn_ok)
