@@ -189,6 +189,10 @@ class Coordinator:
             # killed between writing experiment.json and the first state of a new run left: recovered from, as an
             # unreadable one is, never a reason to stop the swarm.
             state, foreign = None, f"of another run ({exc})"
+        if state is not None:
+            foreign = self._beyond_bounds(state)
+            if foreign is not None:
+                state = None
         if state is None:
             state = self._recover_state(existing.run_id, foreign)
         elif state.status == "finished" and state.round < self.config.max_rounds:
@@ -256,6 +260,17 @@ class Coordinator:
         self.exchange.write_state(state)
         self.log.event("experiment_created", f"run {run_id}", round_=0, fingerprint=self.config.fingerprint())
         return state
+
+    def _beyond_bounds(self, state: StateRecord) -> str | None:
+        """Why a state of this run cannot be the one this coordinator left (None: it can). Its round is at most
+        MAX_ROUNDS and one past the newest round with rewards (rounds open only once the previous one is rewarded or
+        closed on its deadline): a planted round 999 seen at a restart is not resumed from."""
+        if state.round > self.config.max_rounds:
+            return f"round {state.round}, beyond MAX_ROUNDS={self.config.max_rounds}"
+        last = self._last_rewarded_round(state.num_stages)
+        if state.round > (0 if last is None else last + 1):
+            return f"round {state.round}, more than one past the last round with rewards ({last})"
+        return None
 
     def _recover_state(self, run_id: str, why: str | None = None) -> StateRecord:
         """The state to resume from when the state file is absent or unreadable (a hostile or broken file).
@@ -410,7 +425,9 @@ class Coordinator:
             why = self.exchange.rejection(path) or "missing"
         else:
             why = f"round {found.round} seq {found.seq} of run {found.run_id} by {found.coordinator_id!r}"
-        restored = state.model_copy(update={"seq": state.seq + 1, "updated_at": time.time()})
+        # Newer than what is there too (a forger's seq, as far as 64 bits go), so every reader's memory takes it.
+        seq = max(state.seq, found.seq if found is not None and found.run_id == state.run_id else 0) + 1
+        restored = state.model_copy(update={"seq": seq if seq < 2**63 else state.seq + 1, "updated_at": time.time()})
         self.exchange.write_state(restored)  # clears what blocks it (a folder, a link) as every write of its own does
         self.log.event(
             "state_restored",

@@ -72,8 +72,9 @@ class StateFollower:
         state = self.exchange.read_state_file()
         if state is None or not self._same_run(state):
             return self.trusted
-        if self._candidate is not None and self._candidate[0].is_newer_than(state):
-            self._drop_candidate()
+        candidate = self._candidate[0] if self._candidate is not None else None
+        if candidate is not None and state != candidate and not state.is_newer_than(candidate):
+            self._drop_candidate()  # the file shows neither it nor a newer state: it went away
         if self.trusted is None or state.is_newer_than(self.trusted):
             self._consider(state, now)
         self._watch_behind(state, target, now)
@@ -126,6 +127,8 @@ class StateFollower:
         """A state newer than the trusted one: trust it now, or once it has stayed confirm_s seconds."""
         reason = self._suspicion(state)
         if reason is None:
+            if self._candidate is not None:  # a state an honest coordinator could write next replaced it: never played
+                self._drop_candidate()
             self._trust(state)
             return
         if self._candidate is None:

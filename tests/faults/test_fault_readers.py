@@ -131,7 +131,7 @@ def test_huge_integers_type_confusion_and_unregistered_rollouts_crash_no_node(tm
     assert (folder / LAYOUT.rollouts_round_dir(1) / "stage_5").exists()
 
 
-@pytest.mark.parametrize("planted", ["huge_int", "another_run"])
+@pytest.mark.parametrize("planted", ["huge_int", "another_run", "beyond_max_rounds", "rounds_ahead"])
 def test_a_coordinator_restarted_on_an_unreadable_state_mid_run_resumes_after_the_last_rewarded_round(
     tmp_path, planted
 ):
@@ -166,9 +166,13 @@ def test_a_coordinator_restarted_on_an_unreadable_state_mid_run_resumes_after_th
         reason = HUGE_REASON
     else:
         state = read_record(folder, LAYOUT.state_file, StateRecord)
-        forged = state.model_copy(update={"run_id": "0123456789abcdef", "round": 3, "seq": state.seq + 5})
+        change, reason = {
+            "another_run": ({"run_id": "0123456789abcdef", "round": 3}, "of another run"),
+            "beyond_max_rounds": ({"round": 999, "max_rounds": 1000}, "round 999, beyond MAX_ROUNDS=5"),
+            "rounds_ahead": ({"round": 4}, "round 4, more than one past the last round with rewards (1)"),
+        }[planted]
+        forged = state.model_copy(update={**change, "status": "running", "seq": state.seq + 5})
         (folder / LAYOUT.state_file).write_bytes(encode(forged))
-        reason = "of another run"
 
     again = Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})
     again.start()

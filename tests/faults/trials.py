@@ -134,9 +134,10 @@ def _kill_at_random(swarm: Swarm, proc, victim: str, round_: int, rng: random.Ra
 
     def opened() -> bool:
         try:
-            return f'"round":{round_},' in state.read_text() and '"status":"running"' in state.read_text()
-        except FileNotFoundError:
+            text = state.read_text()
+        except (OSError, ValueError):  # absent, or a planted folder or garbage there for now
             return False
+        return f'"round":{round_},' in text and '"status":"running"' in text
 
     wait_until(opened, 90, f"round {round_}", swarm.procs)
     time.sleep(rng.uniform(0.0, 0.6))  # the randomised kill moment itself, not a synchronisation

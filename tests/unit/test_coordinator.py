@@ -230,6 +230,8 @@ def test_max_rounds_can_be_raised_to_extend_a_finished_run(tmp_path):
     config = make_config(tmp_path, MAX_ROUNDS=2)
     c = Coordinator(config, LocalStorage(tmp_path), "coord", threading.Event())
     s = c.open_experiment()
+    for round_ in (0, 1):  # the rounds it played (a finished state past rounds without rewards is not resumed from)
+        submit_round(tmp_path, s.run_id, round_, ["w1"])
     c.exchange.write_state(s.model_copy(update={"status": "finished", "round": 2, "seq": 9}))
     again = Coordinator(config, LocalStorage(tmp_path), "coord", threading.Event()).open_experiment()
     assert again.status == "finished"
