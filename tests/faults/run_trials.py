@@ -1,7 +1,7 @@
 """Randomised fault trials against real node processes, with a summary table.
 
     python tests/faults/run_trials.py --trials 20 --seed 1 [--kinds worker,coordinator,oserror,mixed] [--out DIR]
-    python tests/faults/run_trials.py --kinds mixed --trials 200 --seed 14 --out mixed-200   # issue 14's run
+    python tests/faults/run_trials.py --kinds mixed --trials 100 --seed 16 --out mixed-c   # issue 14: seeds 16, 17
 
 Each trial starts a fresh swarm (a coordinator and 3 workers, synthetic workload, 4 rounds) on a temporary
 folder and injects one fault chosen at random from the seed:

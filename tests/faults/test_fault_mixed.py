@@ -1,6 +1,6 @@
 """The randomised mix of issue 14 in CI: a few trials, each a hostile class planted at a random moment of a real swarm
 while a random node is SIGKILLed and restarted (trials.run_mixed_trial); the long run is
-``python tests/faults/run_trials.py --kinds mixed --trials 200 --seed 14``."""
+``python tests/faults/run_trials.py --kinds mixed --trials 100 --seed 16`` (and 17)."""
 
 from __future__ import annotations
 

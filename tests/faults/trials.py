@@ -157,13 +157,13 @@ def _check_restart(folder: Path, victim: str, state_at_kill: StateRecord | None,
         log = events(folder, "coord", torn_ok)
         resumed = [e for e in log if e.event == "coordinator_resumed"]
         assert len(resumed) == 1, resumed
-        run_id = read_record(folder, LAYOUT.experiment_file, ExperimentRecord).run_id
-        if state_at_kill is not None and state_at_kill.run_id != run_id:
-            state_at_kill = None  # a planted state of another run: recovered from, as an unreadable one
-        if state_at_kill is None:  # unreadable at the kill (a planted folder or file there): nothing to compare with
-            recovered = [e for e in log if e.event == "state_recovered" and e.ts > killed_at]
-            assert not recovered or resumed[0].round == recovered[-1].round, (resumed, recovered)
+        recovered = [e for e in log if e.event == "state_recovered" and e.ts > killed_at]
+        if recovered:  # the state it found was not one to resume from (planted, unreadable): it said where it went on
+            assert resumed[0].round == recovered[-1].round, (resumed, recovered)
             return resumed[0].round
+        run_id = read_record(folder, LAYOUT.experiment_file, ExperimentRecord).run_id
+        if state_at_kill is None or state_at_kill.run_id != run_id or state_at_kill.coordinator_id != "coord":
+            return resumed[0].round  # unreadable or planted at the kill, and gone by the restart: nothing to compare
         assert resumed[0].round == state_at_kill.round, (resumed, state_at_kill)
         return resumed[0].round
     # The killed process's events of its last round were buffered, not flushed: its start may be missing.
