@@ -187,7 +187,14 @@ class LocalStorage:
     # -- writes ----------------------------------------------------------------------------
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        self._retry(self._write, self._path(path), bytes(data))
+        target, data = self._path(path), bytes(data)
+        for _ in range(_MAX_CLEARS):
+            try:
+                self._retry(self._write, target, data)
+                return
+            except _TemporaryGone:
+                continue  # written again from the start, under a new temporary name
+        raise PathBlockedError(target.rel, target.rel, "its temporary file keeps disappearing before the rename")
 
     @staticmethod
     def _write(target: RootedPath, data: bytes) -> None:
@@ -199,7 +206,12 @@ class LocalStorage:
                     fh.write(data)
                     fh.flush()
                     os.fsync(fh.fileno())
-                _replace(parent.fd, tmp, parent.fd, target)
+                try:
+                    _replace(parent.fd, tmp, parent.fd, target)
+                except FileNotFoundError:
+                    if _lkind(parent.fd, tmp) is None:  # removed by another process (a twin cleaning "its" leftovers)
+                        raise _TemporaryGone(tmp) from None
+                    raise
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=parent.fd)
@@ -374,6 +386,10 @@ def _kind(mode: int) -> str:
     return "a device"
 
 
+class _TemporaryGone(Exception):
+    """A write's own temporary file vanished before its rename: the write starts again."""
+
+
 def _lkind(dir_fd: int, name: str) -> str | None:
     """What ``name`` is, without following it; None if it is gone."""
     try:
@@ -415,6 +431,8 @@ def _clear(dir_fd: int, name: str, where: str, kind: str, rel: str) -> None:
     except OSError as exc:
         if is_transient_os_error(exc):
             raise
+        if _lkind(dir_fd, name) != kind:  # another writer cleared it first (made its folder): the caller looks again
+            return
         raise PathBlockedError(rel, where, f"is {kind} that could not be removed ({exc.strerror})") from None
 
 

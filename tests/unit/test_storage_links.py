@@ -296,3 +296,44 @@ def test_refusals_are_not_retried(root: Path) -> None:
         with pytest.raises(LinkRefusedError):
             storage.read_bytes(f"{EXP}/logs/w1/metrics.jsonl")
     assert errno.ELOOP not in local_module.TRANSIENT_ERRNOS
+
+
+def test_two_writers_clearing_the_same_link_both_write(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workers met one planted link at rollouts/round_1: the first removed it and made the folder, the second's
+    unlink then met that folder (EISDIR) and it exited 1 (seen in CI). The second must look again and write."""
+    outside = root.parent / "outside"
+    (root / "round_1").symlink_to(outside / "round_1", target_is_directory=True)
+    real_unlink = os.unlink
+
+    def racing_unlink(name, *, dir_fd=None):  # the other writer wins between our look and our unlink
+        real_unlink(name, dir_fd=dir_fd)
+        os.mkdir(name, 0o755, dir_fd=dir_fd)
+        (root / "round_1" / "stage_0").mkdir()
+        raise IsADirectoryError(errno.EISDIR, "Is a directory")
+
+    monkeypatch.setattr(local_module.os, "unlink", racing_unlink)
+    LocalStorage(root).write_bytes("round_1/stage_0/w2.json", b"{}")
+    monkeypatch.undo()
+    assert (root / "round_1" / "stage_0" / "w2.json").read_bytes() == b"{}"
+    assert not (root / "round_1").is_symlink()
+    assert (outside / "round_1" / "stage_0" / "w2.json").read_bytes() == b"outside rollout"
+
+
+def test_a_write_whose_temporary_vanishes_writes_again(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second process with the same NODE_ID removed 'its' leftover temporaries while the first was writing: the
+    first's rename found no temporary and it exited 1 (seen in CI). The write starts again instead."""
+    real_replace = os.replace
+    calls = []
+
+    def vanishing_replace(src, dst, *, src_dir_fd=None, dst_dir_fd=None):
+        calls.append(src)
+        if len(calls) == 1:
+            os.unlink(src, dir_fd=src_dir_fd)  # the twin's cleanup, between our write and our rename
+        return real_replace(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+    monkeypatch.setattr(local_module.os, "replace", vanishing_replace)
+    LocalStorage(root).write_bytes("peers/w1.json", b'{"ok": 1}')
+    monkeypatch.undo()
+    assert (root / "peers" / "w1.json").read_bytes() == b'{"ok": 1}'
+    assert len(calls) == 2 and calls[0] != calls[1]
+    assert [p.name for p in (root / "peers").iterdir()] == ["w1.json"]
