@@ -21,7 +21,11 @@ import base64
 import html
 import logging
 import os
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import ipywidgets as widgets
 from matplotlib.figure import Figure
@@ -127,11 +131,14 @@ class Dashboard:
         deadline = None if duration_s is None else started + duration_s
         next_at, count, why = started + period, 0, "after the set duration"
         try:
-            while deadline is None or next_at <= deadline:
-                time.sleep(max(0.0, next_at - time.monotonic()))
-                self.refresh()
-                count += 1
-                next_at = max(next_at + period, time.monotonic())  # a slow refresh does not pile up others
+            with _noting_interrupts() as interrupted:
+                while deadline is None or next_at <= deadline:
+                    time.sleep(max(0.0, next_at - time.monotonic()))
+                    if interrupted.is_set():  # the KeyboardInterrupt itself was swallowed (see _noting_interrupts)
+                        raise KeyboardInterrupt
+                    self.refresh()
+                    count += 1
+                    next_at = max(next_at + period, time.monotonic())  # a slow refresh does not pile up others
         except KeyboardInterrupt:
             why = "by the stop button"
         print(
@@ -243,3 +250,29 @@ class Dashboard:
             png = base64.b64encode(plots.to_png(fig, dpi=80)).decode("ascii")
             outputs.append(_display_data({"image/png": png, "text/plain": f"<{title}>"}))
         self.output.outputs = tuple(outputs)
+
+
+@contextmanager
+def _noting_interrupts() -> Iterator[threading.Event]:
+    """Note each SIGINT (Colab's stop button) in an event before the kernel's handler raises KeyboardInterrupt.
+
+    Python delivers a signal between bytecodes of the main thread; when that happens inside a finaliser
+    (``__del__``, a weakref callback run by the garbage collector during matplotlib drawing), the
+    KeyboardInterrupt is printed as "Exception ignored" and lost, and a loop without a deadline would run on.
+    The event survives that, so the refresh loop ends on its next turn. Outside the main thread, or when
+    SIGINT is not handled by Python, nothing is changed."""
+    interrupted = threading.Event()
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if not callable(previous):
+        yield interrupted
+        return
+
+    def note(signum, frame):
+        interrupted.set()
+        return previous(signum, frame)
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -212,6 +212,40 @@ def _stop_button(folder, capsys):
         dash.run(0)
 
 
+class _SwallowsAnInterrupt:
+    """Dropped at once: Python delivers the stop button's interrupt inside its ``__del__``, where the
+    KeyboardInterrupt is printed as "Exception ignored" and lost (what a garbage-collected matplotlib object did
+    to the loop above on a loaded CI machine: it refreshed until the 300 s test timeout)."""
+
+    def __del__(self):
+        _thread.interrupt_main()
+        for _ in range(10_000):  # the pending signal is handled on one of these jumps, inside __del__
+            pass
+
+
+def test_the_stop_button_ends_the_loop_even_when_python_loses_its_keyboardinterrupt(folder, capsys, monkeypatch):
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        dash = Dashboard(LocalStorage(folder), refresh_s=0.05)
+        dash.show()
+        real, calls = dash.refresh, []
+
+        def refresh():
+            calls.append(1)
+            if len(calls) == 3:  # run()'s third refresh (show() drew before the patch)
+                _SwallowsAnInterrupt()
+            return real()
+
+        monkeypatch.setattr(dash, "refresh", refresh)
+        count = dash.run(duration_s=10)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    out = capsys.readouterr().out
+    # That refresh ends, then the loop: not ten seconds of refreshes ending "after the set duration".
+    assert "ended by the stop button" in out and count == 3
+    assert signal.getsignal(signal.SIGINT) is previous  # run() put the handler back
+
+
 def test_findings_html_colors_by_severity():
     text = findings_html([Finding("error", "x", "a <b>"), Finding("info", "state", "ok")])
     assert "#c62828" in text and "#1565c0" in text and "a &lt;b&gt;" in text
