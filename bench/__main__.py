@@ -1,7 +1,7 @@
 """One entry point for the benchmarks: ``python -m bench <part> [options]``.
 
 Parts: coordination, generation, training, learning, study (SAPO, replicated swarms), defaults
-(training-setting sweep); ``all`` runs coordination, generation and
+(training-setting sweep), precision (PRECISION against fp32); ``all`` runs coordination, generation and
 training with their defaults. Each part writes ``bench/results/<part>_<machine>.json`` and ``.md``.
 ``python -m bench <part> --help`` lists a part's options.
 """
@@ -19,6 +19,7 @@ PARTS = {
     "learning": "bench.learning",
     "study": "bench.study",
     "defaults": "bench.defaults",
+    "precision": "bench.precision",
 }
 ALL = ("coordination", "generation", "training")
 

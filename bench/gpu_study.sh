@@ -9,6 +9,8 @@
 #   DRY_RUN=1 bash bench/gpu_study.sh run   # the same on this machine's CPU with a tiny model and a small design
 #   bash bench/gpu_study.sh defaults    # there, instead of run (another lent session): the training-setting sweep
 #                                       # (bench/defaults.py, 8 cells, one worker each) in at most 8 min
+#   bash bench/gpu_study.sh precision   # there, before or instead of run: PRECISION fp32/bf16/fp16 against fp32
+#                                       # (bench/precision.py, about 1 min; fp16 is what auto picks on a T4)
 #
 # Design on the GPU: 3 swarm seeds x J in {0, 4}, I + J = 8, G = 8, all 6 swarms at once on cuda:0 (4 workers a
 # swarm on a GPU with >= 120 GiB, else 3), MAX_ROUNDS 60 and a 420 s limit: the analysis uses the rounds every
@@ -148,10 +150,21 @@ run() {
   (cd /tmp/gpu-study-folder && tar czf "$out/study_logs.tar.gz" ./*.log) || true
 }
 
+precision() {
+  local out=${OUT:-/tmp/gpu-study-out} device=cuda:0
+  mkdir -p "$out"
+  setup
+  [ "${DRY_RUN:-0}" = 1 ] && device=cpu
+  timeout "${PRECISION_SECONDS:-180}" "$PY" -m bench precision --device "$device" --out-dir "$out" \
+    > "$out/precision.log" 2>&1 || echo "precision exit $?"
+  cat "$out"/precision_*.md 2>/dev/null || tail -30 "$out/precision.log"
+}
+
 case "${1:-}" in
   prepare) prepare ;;
   join) join ;;
   run) run ;;
   defaults) defaults ;;
-  *) echo "usage: bash bench/gpu_study.sh prepare|join|run|defaults" >&2; exit 2 ;;
+  precision) precision ;;
+  *) echo "usage: bash bench/gpu_study.sh prepare|join|run|defaults|precision" >&2; exit 2 ;;
 esac

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,19 @@ def sync(device: torch.device) -> None:
     """Wait for queued GPU work, so that a wall-clock reading covers it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def timed(steps: int, device: torch.device, step: Any) -> list[float]:
+    """Seconds of each of ``steps`` calls of ``step``, after one untimed warm-up call."""
+    step()
+    out = []
+    for _ in range(steps):
+        sync(device)
+        started = time.perf_counter()
+        step()
+        sync(device)
+        out.append(time.perf_counter() - started)
+    return out
 
 
 def completion_lengths(count: int, max_len: int, seed: int = 0) -> list[int]:

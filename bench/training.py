@@ -28,14 +28,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from bench.common import machine_info, machine_line, machine_tag, markdown_table, source_version, write_result
-from bench.models import QUESTIONS, add_model_options, fixed_completions, load, sync
+from bench.models import QUESTIONS, add_model_options, fixed_completions, load, timed
 from swarm_gdrive.training.grpo import LossConfig
 from swarm_gdrive.training.policy import PolicyTrainer, TrainGroup, TrainSettings, peak_memory_mb, pick_device
 from swarm_gdrive.training.tasks import build_messages
@@ -61,19 +60,6 @@ def batch_of(args: argparse.Namespace, trainer: PolicyTrainer) -> list[TrainGrou
     )
     rewards = [float(i % 2) for i in range(args.generations)]
     return [TrainGroup(p, c, rewards) for p, c in zip(prompts, completions, strict=True)]
-
-
-def timed(steps: int, device: torch.device, step: Any) -> list[float]:
-    """Seconds of each of ``steps`` calls of ``step``, after one untimed warm-up call."""
-    step()
-    out = []
-    for _ in range(steps):
-        sync(device)
-        started = time.perf_counter()
-        step()
-        sync(device)
-        out.append(time.perf_counter() - started)
-    return out
 
 
 def run_ours(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:

@@ -25,6 +25,7 @@ ROLES = ("coordinator", "worker")
 PUBLISH_FREQUENCIES = ("generation", "stage", "round")
 WORKLOADS = ("grpo", "synthetic")
 #: The GRPO losses and advantage scalings (TRL's names); training.grpo implements exactly these.
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -572,6 +573,14 @@ class Config:
     )
     device: str = _env("DEVICE", "auto", "auto, cpu, cuda or cuda:N: where this node's model lives.", _parse_device)
     cpu_only: bool = _env("CPU_ONLY", False, "Force the CPU even where a GPU exists.", _parse_bool)
+    precision: str = _env(
+        "PRECISION",
+        "auto",
+        "auto, bf16, fp16 or fp32: the autocast of the forward passes (weights and optimizer stay float32). "
+        "auto: bf16 on a GPU that runs it natively (compute capability 8.0 or newer), fp16 with loss scaling on "
+        "an older one (a T4), fp32 on the CPU.",
+        _parse_choice(PRECISIONS),
+    )
     hub_push_interval: int = _env(
         "HUB_PUSH_INTERVAL", 10, "With HUGGINGFACE_ACCESS_TOKEN set: rounds between pushes to the Hub.", _parse_int(1)
     )

@@ -189,12 +189,14 @@ class Coordinator:
             # killed between writing experiment.json and the first state of a new run left: recovered from, as an
             # unreadable one is, never a reason to stop the swarm.
             state, foreign = None, f"of another run ({exc})"
+        last: int | None = None
         if state is not None:
-            foreign = self._beyond_bounds(state)
+            last = self._last_rewarded_round(state.num_stages)
+            foreign = self._beyond_bounds(state, last)
             if foreign is not None:
                 state = None
         if state is None:
-            state = self._recover_state(existing.run_id, foreign)
+            state = self._recover_state(existing.run_id, foreign, last)
         elif state.status == "finished" and state.round < self.config.max_rounds:
             logger.info("extending finished experiment from %d to %d rounds", state.round, self.config.max_rounds)
             state = state.model_copy(update={"status": "running", "round": state.round})
@@ -261,26 +263,27 @@ class Coordinator:
         self.log.event("experiment_created", f"run {run_id}", round_=0, fingerprint=self.config.fingerprint())
         return state
 
-    def _beyond_bounds(self, state: StateRecord) -> str | None:
+    def _beyond_bounds(self, state: StateRecord, last: int | None) -> str | None:
         """Why a state of this run cannot be the one this coordinator left (None: it can). Its round is at most
-        MAX_ROUNDS and one past the newest round with rewards (rounds open only once the previous one is rewarded or
-        closed on its deadline): a planted round 999 seen at a restart is not resumed from."""
+        MAX_ROUNDS and one past ``last``, the newest round with rewards (rounds open only once the previous one is
+        rewarded or closed on its deadline): a planted round 999 seen at a restart is not resumed from."""
         if state.round > self.config.max_rounds:
             return f"round {state.round}, beyond MAX_ROUNDS={self.config.max_rounds}"
-        last = self._last_rewarded_round(state.num_stages)
         if state.round > (0 if last is None else last + 1):
             return f"round {state.round}, more than one past the last round with rewards ({last})"
         return None
 
-    def _recover_state(self, run_id: str, why: str | None = None) -> StateRecord:
+    def _recover_state(self, run_id: str, why: str | None = None, last: int | None = None) -> StateRecord:
         """The state to resume from when the state file is absent or unreadable (a hostile or broken file).
 
         Without rewards, round 0 waits for workers as on a first start. Otherwise the round after the last one
         with a valid reward, below MAX_ROUNDS, opens (finished past the last round): a worker still in that
-        round finishes and submits it, and nobody waits for a round that has already been played.
+        round finishes and submits it, and nobody waits for a round that has already been played. ``last``: that
+        round when the caller has already looked it up for NUM_STAGES stages.
         """
         state = self._initial_state(run_id)
-        last = self._last_rewarded_round(state.num_stages)
+        if last is None:
+            last = self._last_rewarded_round(state.num_stages)
         if last is None:
             if why is not None:
                 self.log.event(

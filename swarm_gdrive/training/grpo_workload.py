@@ -53,6 +53,7 @@ def settings_from(config: Config) -> TrainSettings:
         gen_batch_size=config.gen_batch_size,
         num_iterations=config.num_iterations,
         scale_rewards=config.scale_rewards,
+        precision=config.precision,
         loss=grpo.LossConfig(
             loss_type=config.loss_type,
             epsilon=config.epsilon,
@@ -101,11 +102,12 @@ class GRPOWorkload:
             reference.eval().requires_grad_(False)
         self.trainer = PolicyTrainer(model, tokenizer, settings_from(config), self.device, reference)
         logger.info(
-            "loaded %s (%s, %.1fM parameters) on %s in %.1f s",
+            "loaded %s (%s, %.1fM parameters) on %s (%s autocast) in %.1f s",
             config.model_name,
             resolved.kind,
             sum(p.numel() for p in model.parameters()) / 1e6,
             self.device,
+            self.trainer.precision,
             time.monotonic() - started,
         )
         self.prefix = ANSWER_OPEN if config.answer_prefix else ""

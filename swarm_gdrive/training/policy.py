@@ -3,9 +3,10 @@
 Generation puts all I prompts x G completions into as few ``generate`` calls as
 GEN_BATCH_SIZE allows (``num_return_sequences=G``), never one call per completion. The
 update is TRL's GRPO loss (:mod:`swarm_gdrive.training.grpo`) over micro-batches with exact
-gradient accumulation, gradient clipping and AdamW. The model stays in float32; on a GPU
-the forward passes run under bfloat16 autocast where the GPU supports it, so that small
-updates are not lost to bfloat16 weights.
+gradient accumulation, gradient clipping and AdamW. The model stays in float32, so that small
+updates are not lost to half-precision weights; PRECISION picks the autocast of the forward
+passes (:func:`pick_precision`): bfloat16 on a GPU that runs it natively, float16 with a
+GradScaler on an older one (a T4, whose bfloat16 is emulated), none on the CPU.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class TrainSettings:
     gen_batch_size: int = 64
     num_iterations: int = 1
     scale_rewards: str = "group"
+    precision: str = "auto"  # auto | bf16 | fp16 | fp32 (pick_precision)
     loss: grpo.LossConfig = grpo.LossConfig()
 
 
@@ -84,6 +86,38 @@ def pick_device(requested: str, cpu_only: bool) -> torch.device:
     if device.index is not None and device.index >= torch.cuda.device_count():
         raise DeviceError(f"DEVICE={requested!r}: only {torch.cuda.device_count()} CUDA device(s) here")
     return device
+
+
+def native_bf16(device: torch.device) -> bool:
+    """bfloat16 in hardware: a CUDA GPU of compute capability 8.0 (Ampere) or newer.
+
+    ``torch.cuda.is_bf16_supported()`` also answers yes on a T4 (7.5), where bfloat16 is emulated at a
+    fraction of float16's speed, so it is not asked."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def pick_precision(requested: str, device: torch.device) -> str:
+    """PRECISION (auto | bf16 | fp16 | fp32) on ``device`` to the autocast used: bf16, fp16 or fp32.
+
+    auto is bf16 where it is native, fp16 (with loss scaling) on an older GPU and fp32 on the CPU. An
+    explicit bf16 on a GPU without it is refused, naming the GPU; fp16 and bf16 on the CPU run as asked
+    (slowly: for tests and comparisons)."""
+    if requested == "auto":
+        if device.type != "cuda":
+            return "fp32"
+        return "bf16" if native_bf16(device) else "fp16"
+    if requested == "bf16" and device.type == "cuda" and not native_bf16(device):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise DeviceError(
+            f"PRECISION=bf16: {torch.cuda.get_device_name(device)} (compute capability {major}.{minor}) has no "
+            "native bfloat16, only a slow emulation; use PRECISION=auto or fp16 (loss-scaled), or fp32"
+        )
+    if requested not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"PRECISION={requested!r}: use auto, bf16, fp16 or fp32")
+    return requested
+
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def ragged_advantages(rewards: list[list[float]], scale_rewards: str) -> list[list[float]]:
@@ -156,8 +190,12 @@ class PolicyTrainer:
             lr=warmup_lr(settings.learning_rate, settings.warmup_steps, 0),
             weight_decay=settings.weight_decay,
         )
-        use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        self._autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_bf16 else nullcontext
+        self.precision = pick_precision(settings.precision, device)
+        dtype = _AUTOCAST_DTYPES.get(self.precision)
+        self._autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else nullcontext
+        # float16's range is narrow: the loss is scaled up before backward and the gradients down before clipping;
+        # a step whose gradients overflowed is skipped and the scale halved. Disabled, it changes nothing.
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
         self.eos_ids = self._eos_ids()
 
     def _eos_ids(self) -> set[int]:
@@ -264,6 +302,7 @@ class PolicyTrainer:
         self.model.train()
         sums: dict[str, float] = {}
         loss_total = grad_norm = lr = 0.0
+        overflowed = 0
         for _ in range(self.settings.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             loss_total = 0.0
@@ -288,13 +327,18 @@ class PolicyTrainer:
                 weight = grpo.accumulation_weight(
                     self.settings.loss, batch["n"], batch["tokens"], total_seqs, total_tokens
                 )
-                (out.loss * weight).backward()
+                self.scaler.scale(out.loss * weight).backward()
                 loss_total += float(out.loss.detach()) * weight
                 for key, value in out.metrics.items():
                     sums[key] = sums.get(key, 0.0) + value * batch["n"] / len(active)
+            self.scaler.unscale_(self.optimizer)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.max_grad_norm))
             lr = self.set_lr()
-            self.optimizer.step()
+            scale = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)  # optimizer.step(), unless fp16 gradients overflowed
+            self.scaler.update()
+            if self.scaler.is_enabled():
+                overflowed += self.scaler.get_scale() < scale
         seconds = time.monotonic() - started
         tokens = sum(b["tokens"] + b["prompt_tokens"] for b in batches) * self.settings.num_iterations
         metrics.update(
@@ -305,6 +349,11 @@ class PolicyTrainer:
                 "train/step_s": seconds,
                 "train/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
                 "train/peak_memory_mb": peak_memory_mb(self.device),
+                **(
+                    {"train/loss_scale": self.scaler.get_scale(), "train/overflow_skipped": float(overflowed)}
+                    if self.scaler.is_enabled()
+                    else {}
+                ),
                 **{f"train/{k.replace('/', '_')}": v / self.settings.num_iterations for k, v in sums.items()},
             }
         )

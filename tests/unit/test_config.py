@@ -126,6 +126,7 @@ VALID: dict[str, tuple[str, str, object, dict[str, str]]] = {
     "KEEP_CHECKPOINTS": ("3", "keep_checkpoints", 3, {}),
     "DEVICE": ("CUDA:1", "device", "cuda:1", {}),
     "CPU_ONLY": ("yes", "cpu_only", True, {}),
+    "PRECISION": (" FP16 ", "precision", "fp16", {}),
     "HUB_PUSH_INTERVAL": ("4", "hub_push_interval", 4, {}),
     "HUB_REPO_ID": (" me/my-model ", "hub_repo_id", "me/my-model", {}),
 }
@@ -238,6 +239,7 @@ def test_defaults(base: dict[str, str], tmp_path: Path, monkeypatch: pytest.Monk
         "keep_checkpoints": 2,
         "device": "auto",
         "cpu_only": False,
+        "precision": "auto",
         "hub_push_interval": 10,
         "hub_repo_id": None,
     }
@@ -280,6 +282,7 @@ def test_unknown_role(base: dict[str, str]) -> None:
         ("WORKLOAD", "reasoning", "grpo, synthetic"),
         ("LOSS_TYPE", "ppo", "grpo, bnpo, dr_grpo, dapo"),
         ("SCALE_REWARDS", "std", "group, batch, none"),
+        ("PRECISION", "fp8", "auto, bf16, fp16, fp32"),
         ("LOG_LEVEL", "verbose", "DEBUG, INFO, WARNING, ERROR"),
     ],
 )

@@ -21,6 +21,7 @@ from swarm_gdrive.training.policy import (  # noqa: E402
     TrainSettings,
     optimizer_steps,
     pick_device,
+    pick_precision,
     ragged_advantages,
     warmup_lr,
 )
@@ -201,6 +202,87 @@ def test_cuda_without_cuda_raises_naming_device(requested: str) -> None:
         pick_device(requested, cpu_only=False)
     assert repr(requested) in str(info.value)
     assert "CPU_ONLY" in str(info.value) or "DEVICE=cpu" in str(info.value)
+
+
+# --- precision ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch):
+    """Pretend CUDA device 0 is a given GPU: (name, compute capability). Only the questions asked are answered."""
+
+    def be(name: str, capability: tuple[int, int]) -> torch.device:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # a T4 says so
+        return torch.device("cuda:0")
+
+    return be
+
+
+def test_auto_precision_is_fp32_on_the_cpu() -> None:
+    assert pick_precision("auto", CPU) == "fp32"
+
+
+@pytest.mark.parametrize(
+    ("name", "capability", "expected"),
+    [("Tesla T4", (7, 5), "fp16"), ("Tesla V100", (7, 0), "fp16"), ("A100", (8, 0), "bf16"), ("H200", (9, 0), "bf16")],
+)
+def test_auto_precision_is_bf16_only_where_the_gpu_runs_it_natively(gpu, name, capability, expected) -> None:
+    assert pick_precision("auto", gpu(name, capability)) == expected
+
+
+def test_bf16_on_a_t4_is_refused_naming_the_gpu_and_the_fix(gpu) -> None:
+    with pytest.raises(DeviceError, match="PRECISION=bf16") as info:
+        pick_precision("bf16", gpu("Tesla T4", (7, 5)))
+    assert "Tesla T4" in str(info.value) and "7.5" in str(info.value) and "fp16" in str(info.value)
+
+
+@pytest.mark.parametrize("asked", ["bf16", "fp16", "fp32"])
+def test_an_explicit_precision_is_kept_where_it_runs(gpu, asked: str) -> None:
+    assert pick_precision(asked, gpu("A100", (8, 0))) == asked
+    assert pick_precision(asked, CPU) == asked
+
+
+def test_fp32_takes_no_loss_scale(model: Any, tokenizer: Any) -> None:
+    trainer = trainer_for(model, tokenizer)
+    assert trainer.precision == "fp32" and not trainer.scaler.is_enabled()
+    assert "train/loss_scale" not in trainer.step(make_groups(trainer, VARIED_REWARDS))
+
+
+def test_fp16_with_loss_scaling_takes_the_fp32_step(model: Any, tokenizer: Any) -> None:
+    """The loss scale is taken out again before clipping and the step: fp16 autocast (on the CPU here) moves the
+    weights as fp32 does, to float16's precision, and reports the loss unscaled."""
+    reference = copy.deepcopy(model)
+    fp32 = trainer_for(reference, tokenizer, learning_rate=1e-3)
+    fp16 = trainer_for(model, tokenizer, learning_rate=1e-3, precision="fp16")
+    assert fp16.precision == "fp16" and fp16.scaler.is_enabled()
+    groups = make_groups(fp32, VARIED_REWARDS)
+    before = snapshot(model)
+    want, got = fp32.step(groups), fp16.step(groups)
+    assert got["train/loss_scale"] == 2.0**16 and got["train/overflow_skipped"] == 0.0
+    assert got["train/loss"] == pytest.approx(want["train/loss"], rel=1e-2, abs=1e-3)
+    assert got["train/grad_norm"] == pytest.approx(want["train/grad_norm"], rel=2e-2)
+    for name, p in trainable(model).items():  # the gradients the steps took, unscaled: fp32's to fp16 precision
+        assert not torch.equal(p.detach(), before[name]), f"{name} did not change"
+        wanted = trainable(reference)[name].grad.flatten()
+        cosine = torch.nn.functional.cosine_similarity(p.grad.flatten(), wanted, dim=0)
+        assert cosine > 0.999 and float(p.grad.norm()) == pytest.approx(float(wanted.norm()), rel=1e-2), name
+
+
+def test_an_fp16_step_whose_gradients_overflow_is_skipped_and_the_scale_halved(model: Any, tokenizer: Any) -> None:
+    trainer = trainer_for(model, tokenizer, precision="fp16")
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100)  # float16 gradients overflow at this scale
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    metrics = trainer.step(make_groups(trainer, VARIED_REWARDS))
+    assert metrics["train/overflow_skipped"] == 1.0 and metrics["train/loss_scale"] == 2.0**99
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # nothing moved
+    assert optimizer_steps(trainer.optimizer) == 0  # and the warmup did not advance
+    assert metrics["train/loss"] == pytest.approx(
+        trainer_for(copy.deepcopy(model), tokenizer).step(make_groups(trainer, VARIED_REWARDS))["train/loss"],
+        rel=1e-2,
+        abs=1e-3,
+    )
 
 
 # --- prompts and completions --------------------------------------------------------------------------------------
