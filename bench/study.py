@@ -1,9 +1,9 @@
 """SAPO study with replicated swarms (issue 15, part 5): J = 0 against J > 0, the swarm as the unit.
 
 For each of ``--seeds`` swarm seeds and each J of ``--transplants``, one swarm (a coordinator and W workers,
-processes on a local folder, the demo's easy tasks, ``bench.learning.node_env``) runs; **all swarms run at
-once** on one machine or GPU, so that load and drift hit every configuration alike. Within a seed every
-configuration has the same SEED and node names (paired: worker-k draws the same question stream); seeds
+processes on a local folder, the demo's easy tasks or ``--preset sparse``, ``bench.learning.node_env``) runs;
+**all swarms run at once** on one machine or GPU, so that load and drift hit every configuration alike. Within a
+seed every configuration has the same SEED and node names (paired: worker-k draws the same question stream); seeds
 differ between replicates. Per swarm: cumulative training reward (each worker's sum over rounds of its
 mean reward on its own groups, then the mean over the swarm's workers) over the rounds every swarm
 completed, and held-out greedy pass@1 (mean over workers and tasks) at the last evaluation every swarm
@@ -125,6 +125,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=60, help="MAX_ROUNDS; the analysis uses the rounds all completed")
     p.add_argument("--eval-interval", type=int, default=20, help="EVAL_INTERVAL")
     p.add_argument("--eval-samples", type=int, default=32, help="EVAL_SAMPLES (held-out questions per task)")
+    p.add_argument(
+        "--preset",
+        choices=("demo", "sparse"),
+        default="demo",
+        help="task settings: demo = SMALL_MODEL_PRESET (easy), sparse = SPARSE_SIGNAL_PRESET (5-25%% solved)",
+    )
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole study may run; then stopped")
     p.add_argument("--device", default="cpu", help="DEVICE of every worker (cuda:0: all swarms share one GPU)")
     p.add_argument("--model", default="SmolLM2-135M-Instruct", help="MODEL_NAME of the workers")
@@ -318,6 +324,9 @@ def _f(x: float | None, fmt: str = "{:.3f}") -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
 
+_PRESETS = {"demo": "the demo's easy tasks", "sparse": "the sparse-signal tasks (config.SPARSE_SIGNAL_PRESET)"}
+
+
 def markdown(study: dict) -> str:
     a, js = study["analysis"], study["transplants"]
     n = len(a["seeds"])
@@ -326,9 +335,9 @@ def markdown(study: dict) -> str:
         "",
         f"{n} swarm seeds ({', '.join(map(str, a['seeds']))}) x J in {js}, all {n * len(js)} swarms at once on "
         f"{study['device']}; {study['workers']} workers a swarm, I + J = {study['groups']}, G = "
-        f"{study['generations']}, the demo's easy tasks. Analysed over the {a['rounds_common']} rounds every swarm "
-        f"completed (asked: {study['rounds']}); held-out pass@1 at round {a['eval_rounds'][1]} (first "
-        f"shared evaluation: round {a['eval_rounds'][0]}). Wall time {study['run'].get('wall_s')} s"
+        f"{study['generations']}, {_PRESETS[study.get('preset', 'demo')]}. Analysed over the {a['rounds_common']} "
+        f"rounds every swarm completed (asked: {study['rounds']}); held-out pass@1 at round {a['eval_rounds'][1]} "
+        f"(first shared evaluation: round {a['eval_rounds'][0]}). Wall time {study['run'].get('wall_s')} s"
         + (", stopped at the timeout" if study["run"].get("timed_out") else "")
         + ".",
         "",
@@ -469,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         "workers": args.workers,
         "groups": args.groups,
         "generations": args.generations,
+        "preset": args.preset,
         "rounds": args.rounds,
         "device": args.device,
         "folder": str(folder),
