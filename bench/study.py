@@ -126,6 +126,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval-interval", type=int, default=20, help="EVAL_INTERVAL")
     p.add_argument("--eval-samples", type=int, default=32, help="EVAL_SAMPLES (held-out questions per task)")
     p.add_argument(
+        "--seeds-in-turn",
+        action="store_true",
+        help="run each seed's swarms at once and the seeds one after another (when memory holds one seed's swarms)",
+    )
+    p.add_argument(
         "--preset",
         choices=("demo", "sparse"),
         default="demo",
@@ -178,8 +183,10 @@ def swarm_env(args: argparse.Namespace, folder: Path, swarm: dict) -> dict[str, 
     return env
 
 
-def run_all(args: argparse.Namespace, folder: Path, plan: list[dict]) -> dict:
-    """Start every swarm's coordinator and workers at once; wait for all, stop them at the timeout."""
+def run_all(args: argparse.Namespace, folder: Path, plan: list[dict], timeout: float | None = None) -> dict:
+    """Start every swarm's coordinator and workers at once; wait for all, stop them at the timeout (default
+    ``--timeout``)."""
+    timeout = args.timeout if timeout is None else timeout
     import shutil
     import subprocess
 
@@ -200,10 +207,10 @@ def run_all(args: argparse.Namespace, folder: Path, plan: list[dict]) -> dict:
         ]
     timed_out = False
     try:
-        deadline = started + args.timeout
+        deadline = started + timeout
         codes = {n.name: n.wait(timeout=max(1.0, deadline - time.monotonic())) for n in nodes}
     except subprocess.TimeoutExpired:
-        print(f"[study] timeout after {args.timeout:.0f} s: stopping every node", flush=True)
+        print(f"[study] timeout after {timeout:.0f} s: stopping every node", flush=True)
         timed_out, codes = True, stop_together(nodes)
     except BaseException:
         stop_together(nodes)
@@ -212,6 +219,21 @@ def run_all(args: argparse.Namespace, folder: Path, plan: list[dict]) -> dict:
         for sink in sinks:
             sink.log.close()
     return {"exit_codes": codes, "wall_s": round(time.monotonic() - started, 1), "timed_out": timed_out}
+
+
+def run_in_turn(args: argparse.Namespace, folder: Path, plan: list[dict]) -> dict:
+    """Each seed's swarms at once (paired under the same load), the seeds one after another, each with an equal
+    share of ``--timeout``: for a machine whose memory holds one seed's swarms, not all of them."""
+    runs = []
+    for seed in args.seed_list:
+        print(f"[study] seed {seed}: its {len(args.js)} swarms at once", flush=True)
+        runs.append(run_all(args, folder, [s for s in plan if s["seed"] == seed], args.timeout / len(args.seed_list)))
+    return {
+        "exit_codes": {k: v for r in runs for k, v in r["exit_codes"].items()},
+        "wall_s": round(sum(r["wall_s"] for r in runs), 1),
+        "timed_out": any(r["timed_out"] for r in runs),
+        "per_seed_wall_s": [r["wall_s"] for r in runs],
+    }
 
 
 def stop_together(nodes: list, grace: float = 20.0) -> dict[str, int]:
@@ -333,8 +355,13 @@ def markdown(study: dict) -> str:
     lines = [
         f"# SAPO study `{study['tag']}`: swarms as replicates",
         "",
-        f"{n} swarm seeds ({', '.join(map(str, a['seeds']))}) x J in {js}, all {n * len(js)} swarms at once on "
-        f"{study['device']}; {study['workers']} workers a swarm, I + J = {study['groups']}, G = "
+        f"{n} swarm seeds ({', '.join(map(str, a['seeds']))}) x J in {js}, "
+        + (
+            f"each seed's {len(js)} swarms at once, the seeds one after another, on "
+            if study.get("seeds_in_turn")
+            else f"all {n * len(js)} swarms at once on "
+        )
+        + f"{study['device']}; {study['workers']} workers a swarm, I + J = {study['groups']}, G = "
         f"{study['generations']}, {_PRESETS[study.get('preset', 'demo')]}. Analysed over the {a['rounds_common']} "
         f"rounds every swarm completed (asked: {study['rounds']}); held-out pass@1 at round {a['eval_rounds'][1]} "
         f"(first shared evaluation: round {a['eval_rounds'][0]}). Wall time {study['run'].get('wall_s')} s"
@@ -471,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.rounds} rounds, folder {folder}",
             flush=True,
         )
-        run = run_all(args, folder, plan)
+        run = run_in_turn(args, folder, plan) if args.seeds_in_turn else run_all(args, folder, plan)
     study = {
         "tag": args.tag,
         "transplants": args.js,
@@ -479,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         "groups": args.groups,
         "generations": args.generations,
         "preset": args.preset,
+        "seeds_in_turn": args.seeds_in_turn,
         "rounds": args.rounds,
         "device": args.device,
         "folder": str(folder),

@@ -91,3 +91,26 @@ def test_stop_together_stops_every_node_within_one_grace_period() -> None:
     assert time.monotonic() - started < 6.0
     assert all(codes[f"n{i}"] == -15 for i in range(3))  # SIGTERM
     assert codes["stubborn"] == -9  # SIGKILL after the grace period
+
+
+def test_seeds_in_turn_runs_each_seeds_swarms_together_with_a_share_of_the_time(monkeypatch, tmp_path) -> None:
+    args = study.parse_args(["--seeds", "3", "--transplants", "0,4", "--timeout", "900", "--seeds-in-turn"])
+    batches = []
+
+    def run_all(args, folder, plan, timeout=None):
+        batches.append(([(s["seed"], s["J"]) for s in plan], timeout))
+        return {"exit_codes": {f"s{plan[0]['seed']}": 0}, "wall_s": 10.0, "timed_out": plan[0]["seed"] == 2}
+
+    monkeypatch.setattr(study, "run_all", run_all)
+    run = study.run_in_turn(args, tmp_path, study.swarms(args))
+    assert batches == [([(1, 0), (1, 4)], 300.0), ([(2, 0), (2, 4)], 300.0), ([(3, 0), (3, 4)], 300.0)]
+    assert run["exit_codes"] == {"s1": 0, "s2": 0, "s3": 0} and run["wall_s"] == 30.0 and run["timed_out"]
+
+
+def test_each_preset_gives_its_task_settings(tmp_path: Path) -> None:
+    from swarm_gdrive.config import SMALL_MODEL_PRESET, SPARSE_SIGNAL_PRESET
+
+    for preset, expected in (("demo", SMALL_MODEL_PRESET), ("sparse", SPARSE_SIGNAL_PRESET)):
+        args = study.parse_args(["--seeds", "2", "--transplants", "0,1", "--preset", preset])
+        env = study.swarm_env(args, tmp_path, study.swarms(args)[0])
+        assert env["TASK_CONFIG"] == expected["TASK_CONFIG"]
