@@ -11,8 +11,10 @@ For each precision the same model (float32 weights, copied) gets:
   after a warm-up, plus fp16's loss scale and skipped steps.
 
 On a GPU without native bfloat16 (a T4), bf16 is left out, as the trainer refuses it there. On the
-CPU, bf16 and fp16 autocast run (slowly): the agreement figures hold, the speed figures are the
-CPU's and say nothing about a GPU. ``python -m bench precision [--device cuda]``.
+CPU, bf16 and fp16 autocast run, very slowly (SmolLM2-135M: more than 15 minutes for bf16 at 4 x 4 x 32
+where fp32 took 2), so the speed figures are taken only on a GPU unless ``--timing on``; the
+agreement figures hold anywhere. The result files are rewritten after each precision, so a run cut
+short keeps what it measured. ``python -m bench precision [--device cuda]``.
 """
 
 from __future__ import annotations
@@ -86,17 +88,21 @@ def measure(base: Any, tokenizer: Any, device: torch.device, precision: str, arg
     lps = log_probs(trainer, groups)
     metrics = trainer.step(groups)
     grad = gradient(trainer)
-    sampled = statistics.median(timed(args.steps, device, lambda: trainer.generate(prompts, args.generations, seed=1)))
-    new_tokens = trainer.generate(prompts, args.generations, seed=1).new_tokens
-    fresh = PolicyTrainer(copy.deepcopy(base), tokenizer, settings, device)
-    update = statistics.median(timed(args.steps, device, lambda: fresh.step(groups)))
+    sampled = update = new_tokens_per_s = None  # not measured
+    if args.timing == "on" or (args.timing == "auto" and device.type == "cuda"):
+        sampled = statistics.median(
+            timed(args.steps, device, lambda: trainer.generate(prompts, args.generations, seed=1))
+        )
+        new_tokens_per_s = trainer.generate(prompts, args.generations, seed=1).new_tokens / sampled
+        fresh = PolicyTrainer(copy.deepcopy(base), tokenizer, settings, device)
+        update = statistics.median(timed(args.steps, device, lambda: fresh.step(groups)))
     return {
         "precision": precision,
         "greedy": greedy,
         "logps": lps,
         "grad": grad,
         "generate_s": sampled,
-        "new_tokens_per_s": new_tokens / sampled,
+        "new_tokens_per_s": new_tokens_per_s,
         "step_s": update,
         "loss": metrics["train/loss"],
         "loss_scale": metrics.get("train/loss_scale"),
@@ -134,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     add_model_options(parser, prompts=8, generations=8, new_tokens=64)
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=3, help="timed repetitions (median) after one warm-up")
+    parser.add_argument(
+        "--timing", choices=("auto", "on", "off"), default="auto", help="speed figures (auto: on a GPU only)"
+    )
     parser.add_argument("--precisions", default=",".join(PRECISIONS), help="among fp32, bf16, fp16; fp32 first")
     args = parser.parse_args(argv)
     source = source_version()
@@ -150,6 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         runs.append(measure(base, tokenizer, device, precision, args))
         print(f"precision {precision}: measured in {time.monotonic() - started:.0f} s", flush=True)
+        path, markdown = report(args, source, runs, skipped)
+    print(markdown)
+    print(f"wrote {path}")
+    return 0
+
+
+def report(args: argparse.Namespace, source: dict, runs: list[dict], skipped: dict[str, str]) -> tuple[Path, str]:
+    """Write the result files for the precisions measured so far; their path and the Markdown."""
     rows = compare(runs, runs[0])
     machine = machine_info(args.device, source)
     result = {
@@ -172,7 +189,4 @@ def main(argv: list[str] | None = None) -> int:
     shape = f"{args.prompts} prompts x {args.generations} completions, up to {args.new_tokens} new tokens"
     notes = "".join(f"\n- {p} skipped: {why}" for p, why in skipped.items())
     markdown = f"# PRECISION against fp32\n\n{machine_line(machine)}\n\n{args.model}, {shape}.\n\n{table}\n{notes}\n"
-    path = write_result("precision", args.tag or machine_tag(args.device), result, markdown, args.out_dir)
-    print(markdown)
-    print(f"wrote {path}")
-    return 0
+    return write_result("precision", args.tag or machine_tag(args.device), result, markdown, args.out_dir), markdown

@@ -494,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         learning.prepare_model(args, folder)
         print(
-            f"[study] {len(plan)} swarms x (coordinator + {args.workers} workers) at once on {args.device}, "
+            f"[study] {len(plan)} swarms x (coordinator + {args.workers} workers) "
+            f"{'a seed at a time' if args.seeds_in_turn else 'at once'} on {args.device}, "
             f"{args.rounds} rounds, folder {folder}",
             flush=True,
         )

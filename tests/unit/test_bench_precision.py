@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_each_precision_is_measured_against_fp32(tiny_folder: Path, tmp_path: Path) -> None:
     argv = ["--model", str(tiny_folder), "--prompts", "2", "--generations", "2", "--new-tokens", "6", "--steps", "1",
-            "--micro-batch", "2", "--tag", "tiny", "--out-dir", str(tmp_path)]  # fmt: skip
+            "--micro-batch", "2", "--timing", "on", "--tag", "tiny", "--out-dir", str(tmp_path)]  # fmt: skip
     assert precision.main(argv) == 0
     result = json.loads((tmp_path / "precision_tiny.json").read_text())
     rows = {r["precision"]: r for r in result["rows"]}
