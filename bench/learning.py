@@ -31,6 +31,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -638,8 +639,20 @@ def load_study(path: Path) -> dict:
         return {}
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM (``timeout``, a scheduler, ``kill``) as SystemExit, so that the node processes a run started are stopped
+    on the way out (``run_configuration`` and ``study.run_all`` stop them on any exception) instead of being left
+    running, orphaned, on the machine: seen when a study was stopped with ``kill``."""
+
+    def terminate(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    exit_on_sigterm()
     folder = Path(args.folder or Path(tempfile.gettempdir()) / f"swarm-gdrive-learning-{args.tag}").resolve()
     folder.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)

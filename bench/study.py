@@ -487,6 +487,7 @@ def _interval_bar(ax, x: float, mean: float, ci: list[float], colour: str) -> No
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    learning.exit_on_sigterm()
     folder = Path(args.folder or tempfile.mkdtemp(prefix="swarm-gdrive-study-")).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     plan = swarms(args)

@@ -102,7 +102,7 @@ class GRPOWorkload:
             reference.eval().requires_grad_(False)
         self.trainer = PolicyTrainer(model, tokenizer, settings_from(config), self.device, reference)
         logger.info(
-            "loaded %s (%s, %.1fM parameters) on %s (%s autocast) in %.1f s",
+            "loaded %s (%s, %.1fM parameters) on %s, precision %s, in %.1f s",
             config.model_name,
             resolved.kind,
             sum(p.numel() for p in model.parameters()) / 1e6,

@@ -114,3 +114,35 @@ def test_each_preset_gives_its_task_settings(tmp_path: Path) -> None:
         args = study.parse_args(["--seeds", "2", "--transplants", "0,1", "--preset", preset])
         env = study.swarm_env(args, tmp_path, study.swarms(args)[0])
         assert env["TASK_CONFIG"] == expected["TASK_CONFIG"]
+
+
+def test_a_study_stopped_with_sigterm_stops_its_nodes_on_the_way_out(monkeypatch, tmp_path) -> None:
+    import os
+    import signal
+    import threading
+
+    import swarm_gdrive.procs
+
+    started: list[_Node] = []
+
+    def node(name, env, sink):
+        started.append(_Node(name, "import time; time.sleep(120)"))
+        return started[-1]
+
+    monkeypatch.setattr(swarm_gdrive.procs, "NodeProcess", node)
+    args = study.parse_args(["--seeds", "2", "--transplants", "0,1", "--workers", "2", "--timeout", "100"])
+    previous = signal.getsignal(signal.SIGTERM)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))  # `timeout` or `kill` stopping the study
+    try:
+        study.learning.exit_on_sigterm()
+        timer.start()
+        with pytest.raises(SystemExit) as info:
+            study.run_all(args, tmp_path, study.swarms(args))
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGTERM, previous)
+        for n in started:
+            if n.returncode is None:
+                n.proc.kill()
+    assert info.value.code == 128 + signal.SIGTERM
+    assert len(started) == 12 and all(n.returncode == -signal.SIGTERM for n in started)  # none left running
