@@ -91,8 +91,8 @@ def pick_device(requested: str, cpu_only: bool) -> torch.device:
 def native_bf16(device: torch.device) -> bool:
     """bfloat16 in hardware: a CUDA GPU of compute capability 8.0 (Ampere) or newer.
 
-    ``torch.cuda.is_bf16_supported()`` also answers yes on a T4 (7.5), where bfloat16 is emulated at a
-    fraction of float16's speed, so it is not asked."""
+    ``torch.cuda.is_bf16_supported()`` also answers yes on a T4 (7.5), where bfloat16 is emulated without the
+    optimised kernels (pytorch/pytorch#148322), so it is not asked."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
