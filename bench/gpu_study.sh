@@ -140,7 +140,7 @@ run() {
     # 6 swarms x W workers share the GPU: about 4.8 GB a worker on the H200 (2 swarms: 38.6 GB).
     export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     args=(--seeds 3 --workers "$workers" --groups 8 --generations 8 --transplants 0,4 --rounds 60 --eval-interval 15
-      --eval-samples 32 --device cuda:0 --timeout "${STUDY_SECONDS:-420}" --preset "${STUDY_PRESET:-demo}"
+      --eval-samples 100 --device cuda:0 --timeout "${STUDY_SECONDS:-420}" --preset "${STUDY_PRESET:-demo}"
       --tag "gpu-${STUDY_PRESET:-demo}-w$workers")
   fi
   local started=$SECONDS

@@ -124,7 +124,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--generations", type=int, default=8, help="NUM_GENERATIONS (G)")
     p.add_argument("--rounds", type=int, default=60, help="MAX_ROUNDS; the analysis uses the rounds all completed")
     p.add_argument("--eval-interval", type=int, default=20, help="EVAL_INTERVAL")
-    p.add_argument("--eval-samples", type=int, default=32, help="EVAL_SAMPLES (held-out questions per task)")
+    p.add_argument(
+        "--eval-samples",
+        type=int,
+        default=100,
+        help="EVAL_SAMPLES, held-out questions per task: at least 100 (pass@1's SE at most 0.05), except with --tiny",
+    )
     p.add_argument(
         "--seeds-in-turn",
         action="store_true",
@@ -156,6 +161,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--seeds: at least 2 swarm seeds (the swarm is the unit of replication)")
     if args.workers < 2:
         p.error("--workers must be at least 2")
+    if args.eval_samples < 100 and not args.tiny and not args.report_only:
+        p.error(f"--eval-samples {args.eval_samples}: a study uses at least 100 held-out questions per task")
     return args
 
 

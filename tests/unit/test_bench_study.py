@@ -146,3 +146,10 @@ def test_a_study_stopped_with_sigterm_stops_its_nodes_on_the_way_out(monkeypatch
                 n.proc.kill()
     assert info.value.code == 128 + signal.SIGTERM
     assert len(started) == 12 and all(n.returncode == -signal.SIGTERM for n in started)  # none left running
+
+
+def test_a_study_uses_at_least_100_held_out_questions_per_task() -> None:
+    assert study.parse_args(["--seeds", "3"]).eval_samples == 100
+    with pytest.raises(SystemExit):
+        study.parse_args(["--seeds", "3", "--eval-samples", "32"])
+    assert study.parse_args(["--seeds", "3", "--eval-samples", "4", "--tiny"]).eval_samples == 4  # a smoke test
