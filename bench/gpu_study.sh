@@ -11,7 +11,7 @@
 #   bash bench/gpu_study.sh defaults    # there, instead of run (another lent session): the training-setting sweep
 #                                       # (bench/defaults.py, 8 cells, one worker each) in at most 8 min
 #   bash bench/gpu_study.sh precision   # there, before or instead of run: PRECISION fp32/bf16/fp16 against fp32
-#                                       # (bench/precision.py, about 1 min; fp16 is what auto picks on a T4)
+#                                       # (bench/precision.py; fp16 is the T4's candidate, not yet its default)
 #
 # Design on the GPU: 3 swarm seeds x J in {0, 4}, I + J = 8, G = 8, all 6 swarms at once on cuda:0 (4 workers a
 # swarm on a GPU with >= 120 GiB, else 3), MAX_ROUNDS 60 and a 420 s limit: the analysis uses the rounds every
@@ -153,11 +153,12 @@ run() {
 }
 
 precision() {
-  local out=${OUT:-/tmp/gpu-study-out} device=cuda:0
+  local out=${OUT:-/tmp/gpu-study-out} args=(--device cuda:0)
   mkdir -p "$out"
   setup
-  [ "${DRY_RUN:-0}" = 1 ] && device=cpu
-  timeout "${PRECISION_SECONDS:-180}" "$PY" -m bench precision --device "$device" --out-dir "$out" \
+  # On the CPU half-precision autocast is very slow (bench/README.md §8): a dry run checks the plumbing only.
+  [ "${DRY_RUN:-0}" = 1 ] && args=(--device cpu --random-init --prompts 2 --generations 2 --new-tokens 8 --steps 1)
+  timeout "${PRECISION_SECONDS:-180}" "$PY" -m bench precision "${args[@]}" --out-dir "$out" \
     > "$out/precision.log" 2>&1 || echo "precision exit $?"
   cat "$out"/precision_*.md 2>/dev/null || tail -30 "$out/precision.log"
 }

@@ -24,6 +24,7 @@ same settings is not run again (``--force`` reruns it), so a stopped study resum
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -163,12 +165,16 @@ def run_configuration(args: argparse.Namespace, folder: Path, experiment: str, e
     shutil.rmtree(folder / "experiments" / experiment, ignore_errors=True)  # a fresh run, never a half one
     sink = Progress(experiment, folder / f"{experiment}.log", args.verbose)
     started, timed_out = time.monotonic(), False
-    nodes = [NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"}, sink)]
-    nodes += [
-        NodeProcess(f"worker-{i}", {**env, "NODE_ROLE": "worker", "NODE_ID": f"worker-{i}"}, sink)
-        for i in range(1, args.workers + 1)
-    ]
+    nodes: list = []
     try:
+        with sigterm_held():
+            nodes.append(
+                NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"}, sink)
+            )
+            nodes += [
+                NodeProcess(f"worker-{i}", {**env, "NODE_ROLE": "worker", "NODE_ID": f"worker-{i}"}, sink)
+                for i in range(1, args.workers + 1)
+            ]
         deadline = started + args.timeout
         codes = {n.name: n.wait(timeout=max(1.0, deadline - time.monotonic())) for n in nodes}
     except subprocess.TimeoutExpired:
@@ -639,15 +645,42 @@ def load_study(path: Path) -> dict:
         return {}
 
 
+#: sigterm_held's depth, a SIGTERM it held back (its number), and whether the run is already on its way out.
+_SIGTERM = {"holding": 0, "pending": 0, "exiting": 0}
+
+
 def exit_on_sigterm() -> None:
     """SIGTERM (``timeout``, a scheduler, ``kill``) as SystemExit, so that the node processes a run started are stopped
     on the way out (``run_configuration`` and ``study.run_all`` stop them on any exception) instead of being left
     running, orphaned, on the machine: seen when a study was stopped with ``kill``."""
 
     def terminate(signum: int, _frame: object) -> None:
+        # A second SIGTERM must not cut the clean-up short. Not SIG_IGN: a node started after it would inherit it.
+        if _SIGTERM["exiting"]:
+            return
+        if _SIGTERM["holding"]:
+            _SIGTERM["pending"] = signum
+            return
+        _SIGTERM["exiting"] = 1
         raise SystemExit(128 + signum)
 
+    _SIGTERM.update(pending=0, exiting=0)
     signal.signal(signal.SIGTERM, terminate)
+
+
+@contextlib.contextmanager
+def sigterm_held() -> Iterator[None]:
+    """A SIGTERM that arrives while node processes are started and listed takes effect on leaving: a node
+    started but not yet in the list that the clean-up stops would be left running. (Not a signal mask: child
+    processes inherit one, and would then ignore the SIGTERM that stops them.)"""
+    _SIGTERM["holding"] += 1
+    try:
+        yield
+    finally:
+        _SIGTERM["holding"] -= 1
+    if not _SIGTERM["holding"] and _SIGTERM["pending"]:
+        signum, _SIGTERM["pending"], _SIGTERM["exiting"] = _SIGTERM["pending"], 0, 1
+        raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:

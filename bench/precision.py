@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import statistics
 import time
 from pathlib import Path
@@ -76,6 +77,7 @@ def measure(base: Any, tokenizer: Any, device: torch.device, precision: str, arg
         max_new_tokens=args.new_tokens,
         temperature=0.7,
         learning_rate=1e-6,
+        max_grad_norm=math.inf,  # unclipped: the gradients are compared as computed
         micro_batch_size=args.micro_batch,
         gen_batch_size=args.prompts * args.generations,
         precision=precision,
@@ -86,7 +88,12 @@ def measure(base: Any, tokenizer: Any, device: torch.device, precision: str, arg
     prompts = [g.prompt_ids for g in groups]
     greedy = trainer.generate(prompts, 1, seed=0, greedy=True).token_ids
     lps = log_probs(trainer, groups)
-    metrics = trainer.step(groups)
+    skipped = 0
+    for _ in range(40):  # fp16: the scaler starts at 2^16 and halves on each overflow until a step is taken
+        metrics = trainer.step(groups)
+        if not metrics.get("train/overflow_skipped"):
+            break
+        skipped += 1
     grad = gradient(trainer)
     sampled = update = new_tokens_per_s = None  # not measured
     if args.timing == "on" or (args.timing == "auto" and device.type == "cuda"):
@@ -106,7 +113,7 @@ def measure(base: Any, tokenizer: Any, device: torch.device, precision: str, arg
         "step_s": update,
         "loss": metrics["train/loss"],
         "loss_scale": metrics.get("train/loss_scale"),
-        "overflow_skipped": metrics.get("train/overflow_skipped"),
+        "overflow_skipped": float(skipped) if trainer.scaler.is_enabled() else None,
     }
 
 
@@ -114,6 +121,8 @@ def compare(runs: list[dict], reference: dict) -> list[dict[str, Any]]:
     rows = []
     for run in runs:
         diffs = torch.cat([(a - b).abs() for a, b in zip(run["logps"], reference["logps"], strict=True)])
+        finite = torch.isfinite(diffs)  # a forward pass that overflowed float16 gives inf or NaN log-probs
+        diffs = diffs[finite] if finite.any() else torch.tensor([math.nan])
         same = sum(a == b for a, b in zip(run["greedy"], reference["greedy"], strict=True))
         cosine = torch.nn.functional.cosine_similarity(run["grad"], reference["grad"], dim=0)
         rows.append(
@@ -121,6 +130,7 @@ def compare(runs: list[dict], reference: dict) -> list[dict[str, Any]]:
                 "precision": run["precision"],
                 "logp_max_abs_diff": float(diffs.max()),
                 "logp_mean_abs_diff": float(diffs.mean()),
+                "logp_nonfinite": int((~finite).sum()),
                 "greedy_identical": same / len(run["greedy"]),
                 "grad_cosine": float(cosine),
                 "grad_norm_ratio": float(run["grad"].norm() / reference["grad"].norm()),
@@ -132,7 +142,7 @@ def compare(runs: list[dict], reference: dict) -> list[dict[str, Any]]:
                 "overflow_skipped": run["overflow_skipped"],
             }
         )
-    return rows
+    return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()} for r in rows]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,17 +185,13 @@ def report(args: argparse.Namespace, source: dict, runs: list[dict], skipped: di
         "skipped": skipped,
         "rows": rows,
     }
-    header = ["precision", "logp max |Δ|", "logp mean |Δ|", "greedy same", "grad cosine", "grad norm ratio",
-              "gen s", "new tok/s", "update s", "loss scale"]  # fmt: skip
-    table = markdown_table(
-        header,
-        [
-            [r["precision"], r["logp_max_abs_diff"], r["logp_mean_abs_diff"], r["greedy_identical"],
-             r["grad_cosine"], r["grad_norm_ratio"], r["generate_s"], r["new_tokens_per_s"], r["step_s"],
-             r["loss_scale"] or "-"]
-            for r in rows
-        ],
-    )  # fmt: skip
+    columns = {
+        "precision": "precision", "logp_max_abs_diff": "logp max |Δ|", "logp_mean_abs_diff": "logp mean |Δ|",
+        "logp_nonfinite": "logp not finite", "greedy_identical": "greedy same", "grad_cosine": "grad cosine",
+        "grad_norm_ratio": "grad norm ratio", "generate_s": "gen s", "new_tokens_per_s": "new tok/s",
+        "step_s": "update s", "loss_scale": "loss scale", "overflow_skipped": "overflow skips",
+    }  # fmt: skip
+    table = markdown_table(list(columns.values()), [[r[k] for k in columns] for r in rows])
     shape = f"{args.prompts} prompts x {args.generations} completions, up to {args.new_tokens} new tokens"
     notes = "".join(f"\n- {p} skipped: {why}" for p, why in skipped.items())
     markdown = f"# PRECISION against fp32\n\n{machine_line(machine)}\n\n{args.model}, {shape}.\n\n{table}\n{notes}\n"

@@ -201,19 +201,22 @@ def run_all(args: argparse.Namespace, folder: Path, plan: list[dict], timeout: f
 
     nodes, sinks = [], []
     started = time.monotonic()
-    for swarm in plan:
-        env = swarm_env(args, folder, swarm)
-        swarm["env"] = env
-        shutil.rmtree(folder / "experiments" / swarm["experiment"], ignore_errors=True)
-        sink = learning.Progress(swarm["experiment"], folder / f"{swarm['experiment']}.log", args.verbose)
-        sinks.append(sink)
-        nodes.append(NodeProcess(f"{swarm['experiment']}/coordinator", _role(env, "coordinator", "coordinator"), sink))
-        nodes += [
-            NodeProcess(f"{swarm['experiment']}/worker-{i}", _role(env, "worker", f"worker-{i}"), sink)
-            for i in range(1, args.workers + 1)
-        ]
     timed_out = False
     try:
+        for swarm in plan:
+            env = swarm_env(args, folder, swarm)
+            swarm["env"] = env
+            shutil.rmtree(folder / "experiments" / swarm["experiment"], ignore_errors=True)
+            sink = learning.Progress(swarm["experiment"], folder / f"{swarm['experiment']}.log", args.verbose)
+            sinks.append(sink)
+            with learning.sigterm_held():  # every node started is in `nodes` before a SIGTERM can stop the study
+                nodes.append(
+                    NodeProcess(f"{swarm['experiment']}/coordinator", _role(env, "coordinator", "coordinator"), sink)
+                )
+                nodes += [
+                    NodeProcess(f"{swarm['experiment']}/worker-{i}", _role(env, "worker", f"worker-{i}"), sink)
+                    for i in range(1, args.workers + 1)
+                ]
         deadline = started + timeout
         codes = {n.name: n.wait(timeout=max(1.0, deadline - time.monotonic())) for n in nodes}
     except subprocess.TimeoutExpired:

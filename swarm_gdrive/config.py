@@ -24,8 +24,9 @@ from swarm_gdrive.names import InvalidNameError, validate_name
 ROLES = ("coordinator", "worker")
 PUBLISH_FREQUENCIES = ("generation", "stage", "round")
 WORKLOADS = ("grpo", "synthetic")
-#: The GRPO losses and advantage scalings (TRL's names); training.grpo implements exactly these.
+#: PRECISION's values (training.policy.pick_precision).
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+#: The GRPO losses and advantage scalings (TRL's names); training.grpo implements exactly these.
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -577,8 +578,8 @@ class Config:
         "PRECISION",
         "auto",
         "auto, bf16, fp16 or fp32: the autocast of the forward passes (weights and optimizer stay float32). "
-        "auto: bf16 on a GPU that runs it natively (compute capability 8.0 or newer), fp16 with loss scaling on "
-        "an older one (a T4), fp32 on the CPU.",
+        "auto: bf16 on a GPU that runs it natively (compute capability 8.0 or newer), else fp32 (a T4's bf16 is "
+        "emulated); fp16 autocasts with loss scaling, for older GPUs, not yet measured on one.",
         _parse_choice(PRECISIONS),
     )
     hub_push_interval: int = _env(

@@ -133,8 +133,9 @@ class Dashboard:
         try:
             with _noting_interrupts() as interrupted:
                 while deadline is None or next_at <= deadline:
-                    time.sleep(max(0.0, next_at - time.monotonic()))
-                    if interrupted.is_set():  # the KeyboardInterrupt itself was swallowed (see _noting_interrupts)
+                    while not interrupted and time.monotonic() < next_at:  # slices: a noted interrupt acts soon
+                        time.sleep(min(0.5, max(0.0, next_at - time.monotonic())))
+                    if interrupted:  # the KeyboardInterrupt itself was swallowed (see _noting_interrupts)
                         raise KeyboardInterrupt
                     self.refresh()
                     count += 1
@@ -253,22 +254,23 @@ class Dashboard:
 
 
 @contextmanager
-def _noting_interrupts() -> Iterator[threading.Event]:
-    """Note each SIGINT (Colab's stop button) in an event before the kernel's handler raises KeyboardInterrupt.
+def _noting_interrupts() -> Iterator[list[int]]:
+    """Note each SIGINT (Colab's stop button) in a list before the kernel's handler raises KeyboardInterrupt.
 
     Python delivers a signal between bytecodes of the main thread; when that happens inside a finaliser
     (``__del__``, a weakref callback run by the garbage collector during matplotlib drawing), the
     KeyboardInterrupt is printed as "Exception ignored" and lost, and a loop without a deadline would run on.
-    The event survives that, so the refresh loop ends on its next turn. Outside the main thread, or when
-    SIGINT is not handled by Python, nothing is changed."""
-    interrupted = threading.Event()
+    The note survives that, so the refresh loop ends within half a second. (A list, not a threading.Event:
+    an Event's lock is not reentrant, and a second SIGINT during ``set`` would deadlock.) Outside the main
+    thread, or when SIGINT is not handled by Python, nothing is changed."""
+    interrupted: list[int] = []
     previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
     if not callable(previous):
         yield interrupted
         return
 
     def note(signum, frame):
-        interrupted.set()
+        interrupted.append(signum)
         return previous(signum, frame)
 
     signal.signal(signal.SIGINT, note)

@@ -189,14 +189,13 @@ class Coordinator:
             # killed between writing experiment.json and the first state of a new run left: recovered from, as an
             # unreadable one is, never a reason to stop the swarm.
             state, foreign = None, f"of another run ({exc})"
-        last: int | None = None
+        last = self._last_rewarded_round(self.config.num_stages)  # once: the bounds check and the recovery use it
         if state is not None:
-            last = self._last_rewarded_round(state.num_stages)
             foreign = self._beyond_bounds(state, last)
             if foreign is not None:
                 state = None
         if state is None:
-            state = self._recover_state(existing.run_id, foreign, last)
+            state = self._recover_state(existing.run_id, last, foreign)
         elif state.status == "finished" and state.round < self.config.max_rounds:
             logger.info("extending finished experiment from %d to %d rounds", state.round, self.config.max_rounds)
             state = state.model_copy(update={"status": "running", "round": state.round})
@@ -273,17 +272,15 @@ class Coordinator:
             return f"round {state.round}, more than one past the last round with rewards ({last})"
         return None
 
-    def _recover_state(self, run_id: str, why: str | None = None, last: int | None = None) -> StateRecord:
+    def _recover_state(self, run_id: str, last: int | None, why: str | None = None) -> StateRecord:
         """The state to resume from when the state file is absent or unreadable (a hostile or broken file).
 
         Without rewards, round 0 waits for workers as on a first start. Otherwise the round after the last one
         with a valid reward, below MAX_ROUNDS, opens (finished past the last round): a worker still in that
         round finishes and submits it, and nobody waits for a round that has already been played. ``last``: that
-        round when the caller has already looked it up for NUM_STAGES stages.
+        round (:meth:`_last_rewarded_round`), None when no round has rewards.
         """
         state = self._initial_state(run_id)
-        if last is None:
-            last = self._last_rewarded_round(state.num_stages)
         if last is None:
             if why is not None:
                 self.log.event(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import Any
@@ -39,7 +40,15 @@ class NodeLog:
         self.round: int | None = None
 
     def metric(self, values: dict[str, float | int | None], round_: int | None = None) -> None:
-        """Buffer one metrics line; keys are namespaced (``train/…``, ``swarm/…``, ``storage/…``)."""
+        """Buffer one metrics line; keys are namespaced (``train/…``, ``swarm/…``, ``storage/…``).
+
+        A value that is not finite (the gradient norm of an fp16 step that overflowed and was skipped, a NaN
+        loss) is written as null, which the record allows; the record refuses inf and NaN, and a metric must
+        never stop a node."""
+        odd = [k for k, v in values.items() if isinstance(v, float) and not math.isfinite(v)]
+        if odd:
+            logger.info("metrics not finite, written as null: %s", ", ".join(f"{k}={values[k]}" for k in odd))
+            values = {k: (None if k in odd else v) for k, v in values.items()}
         record = MetricRecord(
             node_id=self._node_id,
             round=self.round if round_ is None else round_,

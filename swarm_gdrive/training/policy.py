@@ -5,8 +5,8 @@ GEN_BATCH_SIZE allows (``num_return_sequences=G``), never one call per completio
 update is TRL's GRPO loss (:mod:`swarm_gdrive.training.grpo`) over micro-batches with exact
 gradient accumulation, gradient clipping and AdamW. The model stays in float32, so that small
 updates are not lost to half-precision weights; PRECISION picks the autocast of the forward
-passes (:func:`pick_precision`): bfloat16 on a GPU that runs it natively, float16 with a
-GradScaler on an older one (a T4, whose bfloat16 is emulated), none on the CPU.
+passes (:func:`pick_precision`): bfloat16 on a GPU that runs it natively, none elsewhere (a T4's
+bfloat16 is emulated); float16 with a GradScaler where asked for.
 """
 
 from __future__ import annotations
@@ -99,18 +99,17 @@ def native_bf16(device: torch.device) -> bool:
 def pick_precision(requested: str, device: torch.device) -> str:
     """PRECISION (auto | bf16 | fp16 | fp32) on ``device`` to the autocast used: bf16, fp16 or fp32.
 
-    auto is bf16 where it is native, fp16 (with loss scaling) on an older GPU and fp32 on the CPU. An
-    explicit bf16 on a GPU without it is refused, naming the GPU; fp16 and bf16 on the CPU run as asked
-    (slowly: for tests and comparisons)."""
+    auto is bf16 where it is native and fp32 elsewhere: on an older GPU (a T4) fp16 with loss scaling is
+    there to ask for, not the default, until it is measured there (the scaler guards the gradients, not a
+    forward pass that overflows float16's range). An explicit bf16 on a GPU without it is refused, naming
+    the GPU; fp16 and bf16 on the CPU run as asked (slowly: for tests and comparisons)."""
     if requested == "auto":
-        if device.type != "cuda":
-            return "fp32"
-        return "bf16" if native_bf16(device) else "fp16"
+        return "bf16" if native_bf16(device) else "fp32"
     if requested == "bf16" and device.type == "cuda" and not native_bf16(device):
         major, minor = torch.cuda.get_device_capability(device)
         raise DeviceError(
             f"PRECISION=bf16: {torch.cuda.get_device_name(device)} (compute capability {major}.{minor}) has no "
-            "native bfloat16, only a slow emulation; use PRECISION=auto or fp16 (loss-scaled), or fp32"
+            "native bfloat16, only a slow emulation; use PRECISION=auto (fp32 there), fp32, or fp16 (loss-scaled)"
         )
     if requested not in ("bf16", "fp16", "fp32"):
         raise ValueError(f"PRECISION={requested!r}: use auto, bf16, fp16 or fp32")

@@ -24,7 +24,8 @@ def test_each_precision_is_measured_against_fp32(tiny_folder: Path, tmp_path: Pa
     assert list(rows) == ["fp32", "bf16", "fp16"] and not result["skipped"]
     fp32 = rows["fp32"]  # a copy of the same weights, the same computation: the instrument reads zero
     assert fp32["logp_max_abs_diff"] == 0.0 and fp32["greedy_identical"] == 1.0
-    assert fp32["grad_cosine"] == pytest.approx(1.0) and fp32["loss_scale"] is None
+    assert fp32["grad_cosine"] == pytest.approx(1.0) and fp32["loss_scale"] is None and fp32["overflow_skipped"] is None
+    assert all(r["logp_nonfinite"] == 0 for r in rows.values())
     for name in ("bf16", "fp16"):  # and reads more than zero where the arithmetic differs
         row = rows[name]
         assert 0.0 < row["logp_max_abs_diff"] < 1.0, row

@@ -116,36 +116,47 @@ def test_each_preset_gives_its_task_settings(tmp_path: Path) -> None:
         assert env["TASK_CONFIG"] == expected["TASK_CONFIG"]
 
 
-def test_a_study_stopped_with_sigterm_stops_its_nodes_on_the_way_out(monkeypatch, tmp_path) -> None:
+@pytest.mark.parametrize("moment", ["starting", "waiting"])
+def test_a_study_stopped_with_sigterm_stops_every_node_it_started(monkeypatch, tmp_path, moment: str) -> None:
+    """`timeout`, a scheduler or `kill` sends SIGTERM while the nodes start (at the fifth) or while the study waits
+    for them: every node started is stopped on the way out, none is left running."""
     import os
     import signal
-    import threading
 
     import swarm_gdrive.procs
 
     started: list[_Node] = []
 
+    class Node(_Node):
+        def wait(self, timeout: float | None = None) -> int:
+            if moment == "waiting" and not getattr(os, "_sigterm_sent", False):
+                os._sigterm_sent = True  # once
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().wait(timeout)
+
     def node(name, env, sink):
-        started.append(_Node(name, "import time; time.sleep(120)"))
+        started.append(Node(name, "import time; time.sleep(120)"))
+        if moment == "starting" and len(started) == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
         return started[-1]
 
     monkeypatch.setattr(swarm_gdrive.procs, "NodeProcess", node)
+    monkeypatch.setattr(os, "_sigterm_sent", False, raising=False)
     args = study.parse_args(["--seeds", "2", "--transplants", "0,1", "--workers", "2", "--timeout", "100"])
     previous = signal.getsignal(signal.SIGTERM)
-    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))  # `timeout` or `kill` stopping the study
     try:
         study.learning.exit_on_sigterm()
-        timer.start()
         with pytest.raises(SystemExit) as info:
             study.run_all(args, tmp_path, study.swarms(args))
     finally:
-        timer.cancel()
         signal.signal(signal.SIGTERM, previous)
         for n in started:
             if n.returncode is None:
                 n.proc.kill()
     assert info.value.code == 128 + signal.SIGTERM
-    assert len(started) == 12 and all(n.returncode == -signal.SIGTERM for n in started)  # none left running
+    # Starting: the SIGTERM waits until the swarm's nodes are listed (6 = 2 swarms' 3), then stops them all.
+    assert len(started) == (6 if moment == "starting" else 12)
+    assert all(n.returncode == -signal.SIGTERM for n in started), [n.returncode for n in started]
 
 
 def test_a_study_uses_at_least_100_held_out_questions_per_task() -> None:

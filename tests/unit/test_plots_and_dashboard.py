@@ -238,12 +238,12 @@ def test_the_stop_button_ends_the_loop_even_when_python_loses_its_keyboardinterr
 
         monkeypatch.setattr(dash, "refresh", refresh)
         count = dash.run(duration_s=10)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # run() put the handler back
     finally:
         signal.signal(signal.SIGINT, previous)
     out = capsys.readouterr().out
     # That refresh ends, then the loop: not ten seconds of refreshes ending "after the set duration".
     assert "ended by the stop button" in out and count == 3
-    assert signal.getsignal(signal.SIGINT) is previous  # run() put the handler back
 
 
 def test_findings_html_colors_by_severity():
