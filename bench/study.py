@@ -276,8 +276,35 @@ def _role(env: dict[str, str], role: str, node: str) -> dict[str, str]:
 # -- analysis ----------------------------------------------------------------------------------------
 
 
-def swarm_figures(folder: Path, swarm: dict, rounds: int | None) -> dict:
-    """Per swarm: cumulative reward (mean over workers), per-round mean reward, held-out pass@1 by round."""
+def same_question_rewards(folder: Path, experiment: str, rounds: int, k: int) -> list[float]:
+    """Per round, the mean over workers of each worker's mean reward on its first ``k`` own groups (from its
+    rollout files): the same questions in every configuration of a seed, since worker-k draws the same question
+    stream whatever I is. The whole-batch own-group mean is not: with I = 4 against I = 2 it averages 4 questions
+    against the first 2 of them (seen as a round-0 gap in the CPU study, bench/README.md §6). NaN for a round
+    whose rollout files are gone (ROLLOUT_CLEANUP_ENABLED)."""
+    from swarm_gdrive.protocol.exchange import Exchange
+    from swarm_gdrive.protocol.layout import Layout
+
+    exchange = Exchange(_storage(folder), Layout(experiment), "study-reader")
+    record = exchange.read_experiment()
+    if record is None:
+        return [math.nan] * rounds
+    exchange.run_id = record.run_id
+    stages = int(record.config.get("num_stages", 1))
+    out = []
+    for round_ in range(rounds):
+        per_worker: dict[str, list[float]] = {}
+        for stage in range(stages):
+            for node, batch in exchange.read_rollouts(round_, stage, exclude_self=False).items():
+                per_worker.setdefault(node, []).extend(x for g in batch.groups[:k] for x in g.rewards)
+        means = [statistics.fmean(v) for v in per_worker.values() if v]
+        out.append(statistics.fmean(means) if means else math.nan)
+    return out
+
+
+def swarm_figures(folder: Path, swarm: dict, rounds: int | None, same_k: int = 0) -> dict:
+    """Per swarm: cumulative reward (mean over workers), per-round mean reward, held-out pass@1 by round; with
+    ``same_k``, the same on each worker's first ``same_k`` own groups (:func:`same_question_rewards`)."""
     summary = learning.summarise(folder, swarm["experiment"], rounds)
     cumulative = list(summary["cumulative"].values())
     by_round: dict[int, list[tuple[float, int]]] = {}
@@ -286,7 +313,11 @@ def swarm_figures(folder: Path, swarm: dict, rounds: int | None) -> dict:
     held_out = {r: sum(p * n for p, n in v) / sum(n for _, n in v) for r, v in sorted(by_round.items())}
     per_round = summary["per_round"]
     n = min((len(v) for v in per_round.values()), default=0)
+    same = same_question_rewards(folder, swarm["experiment"], n, same_k) if same_k > 0 else []
     return {
+        "same_questions_per_round": same,
+        "cumulative_same_questions": sum(same) if same else math.nan,
+        "round0_same_questions": same[0] if same else math.nan,
         "rounds_completed": summary["rounds_completed"],
         "cumulative": statistics.fmean(cumulative) if cumulative else math.nan,
         "cumulative_per_worker": summary["cumulative"],
@@ -298,13 +329,17 @@ def swarm_figures(folder: Path, swarm: dict, rounds: int | None) -> dict:
     }
 
 
-def analyse(folder: Path, plan: list[dict], js: list[int]) -> dict:
-    """Figures per swarm over the common rounds, then per configuration and paired by seed against J = js[0]."""
+def analyse(folder: Path, plan: list[dict], js: list[int], groups: int = 0) -> dict:
+    """Figures per swarm over the common rounds, then per configuration and paired by seed against J = js[0].
+
+    ``groups`` (I + J): the smallest I, ``groups - max(js)``, sets how many own groups the same-question measures
+    read; their round-0 value is a placebo (every configuration of a seed still has the same model there)."""
     from swarm_gdrive.observe.analysis import completed_rounds
 
     done = [completed_rounds(_storage(folder), s["experiment"]) for s in plan]
     common = min(done) if done else 0
-    figures = {s["experiment"]: swarm_figures(folder, s, common) for s in plan}
+    same_k = max(0, groups - max(js)) if js else 0
+    figures = {s["experiment"]: swarm_figures(folder, s, common, same_k) for s in plan}
     eval_rounds = [set(f["held_out"]) for f in figures.values()]
     shared = sorted(set.intersection(*eval_rounds)) if eval_rounds else []
     first, last = (shared[0], shared[-1]) if shared else (None, None)
@@ -315,8 +350,8 @@ def analyse(folder: Path, plan: list[dict], js: list[int]) -> dict:
         out = []
         for seed in seeds:
             f = by[(seed, j)]
-            if key == "cumulative":
-                out.append(f["cumulative"])
+            if key in ("cumulative", "cumulative_same_questions", "round0_same_questions"):
+                out.append(f.get(key, math.nan))
             elif key == "held_out":
                 out.append(f["held_out"].get(last, math.nan) if last is not None else math.nan)
             else:  # held-out gain from the first shared evaluation to the last
@@ -324,7 +359,7 @@ def analyse(folder: Path, plan: list[dict], js: list[int]) -> dict:
                 out.append(f["held_out"][last] - f["held_out"][first] if ok else math.nan)
         return out
 
-    metrics = ("cumulative", "held_out", "held_out_gain")
+    metrics = ("cumulative", "held_out", "held_out_gain", "cumulative_same_questions", "round0_same_questions")
     configs = {j: {m: {"values": column(j, m), **interval(column(j, m))} for m in metrics} for j in js}
     comparisons = {j: {m: paired(column(j, m), column(js[0], m)) for m in metrics} for j in js[1:]}
     return {
@@ -380,7 +415,11 @@ def markdown(study: dict) -> str:
         "",
         "Unit of replication: the swarm (its workers share one run, so they are not independent). Cumulative "
         "reward: per worker the sum over rounds of its mean reward on its own groups, averaged over the swarm's "
-        "workers. Intervals: 95% t-intervals over seeds (df n - 1); comparisons paired by seed.",
+        "workers. Intervals: 95% t-intervals over seeds (df n - 1); comparisons paired by seed. The whole-batch "
+        "own-group mean compares different questions when I differs (I = 4 averages 4 questions, I = 2 the first "
+        "2 of them): the same-question columns read each worker's first min(I) own groups from its rollout files, "
+        "and their round-0 value, where every configuration of a seed still has the same model, is a placebo that "
+        "should be about 0 (its spread is the sampling noise of one round).",
         "",
         "## Per swarm",
         "",
@@ -398,7 +437,11 @@ def markdown(study: dict) -> str:
                 f"{_f(h.get(first))} -> {_f(h.get(last))} | {_f(f['external_groups_mean'], '{:.2f}')} |"
             )
     lines += ["", "## Per configuration (mean over swarms, 95% t-interval)", ""]
-    lines += ["| J | cumulative reward | held-out pass@1 | held-out gain |", "|---|---|---|---|"]
+    lines += [
+        "| J | cumulative reward | held-out pass@1 | held-out gain | cumulative, same questions | round 0, same "
+        "questions (placebo) |",
+        "|---|---|---|---|---|---|",
+    ]
     for j in js:
         c = a["configurations"][str(j)]
         cells = [f"{_f(c[m]['mean'])} ({_f(c[m]['ci'][0])}, {_f(c[m]['ci'][1])})" for m in c]
@@ -527,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         "git_head": learning.git_head(),
         "run": run,
         "env": plan[0].get("env", {}),
-        "analysis": analyse(folder, plan, args.js),
+        "analysis": analyse(folder, plan, args.js, args.groups),
         "written_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     out = Path(args.out)

@@ -164,3 +164,49 @@ def test_a_study_uses_at_least_100_held_out_questions_per_task() -> None:
     with pytest.raises(SystemExit):
         study.parse_args(["--seeds", "3", "--eval-samples", "32"])
     assert study.parse_args(["--seeds", "3", "--eval-samples", "4", "--tiny"]).eval_samples == 4  # a smoke test
+
+
+def _experiment_with_rollouts(folder: Path, experiment: str, rewards: dict[str, list[list[list[float]]]]) -> None:
+    """An experiment.json and, per worker, per round, a batch of own groups with the given rewards (in order)."""
+    import time
+
+    from swarm_gdrive.protocol.exchange import Exchange
+    from swarm_gdrive.protocol.layout import Layout
+    from swarm_gdrive.protocol.records import ExperimentRecord, Provenance, RolloutBatch, RolloutGroup
+    from swarm_gdrive.storage import LocalStorage
+
+    exchange = Exchange(LocalStorage(folder), Layout(experiment), "coordinator")
+    exchange.write_experiment(
+        ExperimentRecord(experiment=experiment, run_id="0123456789abcdef", fingerprint="0" * 16,
+                         config={"num_stages": 1}, coordinator_id="coordinator", created_at=time.time())
+    )  # fmt: skip
+    exchange.run_id = "0123456789abcdef"
+    for node, rounds in rewards.items():
+        for round_, groups in enumerate(rounds):
+            made = [
+                RolloutGroup(group_id=f"g{i}", task="chain_sum", question=f"q{i}", completions=["x"] * len(r),
+                             rewards=r, provenance=Provenance(dataset="chain_sum", seed=0, index=i))
+                for i, r in enumerate(groups)
+            ]  # fmt: skip
+            exchange.write_rollouts(
+                RolloutBatch(node_id=node, run_id="0123456789abcdef", round=round_, stage=0, groups=made,
+                             created_at=time.time())
+            )  # fmt: skip
+
+
+def test_same_question_rewards_read_only_the_first_k_own_groups_of_every_worker(tmp_path: Path) -> None:
+    # I = 4 (J = 0): the first 2 groups are the questions an I = 2 worker of the same seed draws; the other two
+    # are easy ones that lift the whole-batch mean.
+    easy = [[1.0, 1.0], [1.0, 1.0]]
+    _experiment_with_rollouts(
+        tmp_path,
+        "s1-j0",
+        {
+            "worker-1": [[[0.0, 1.0], [0.0, 0.0], *easy], [[1.0, 1.0], [0.0, 0.0], *easy]],
+            "worker-2": [[[0.0, 0.0], [0.0, 0.0], *easy], [[0.5, 0.5], [0.5, 0.5], *easy]],
+        },
+    )
+    assert study.same_question_rewards(tmp_path, "s1-j0", 2, 2) == [0.125, 0.5]  # means of (0.25, 0), (0.5, 0.5)
+    assert study.same_question_rewards(tmp_path, "s1-j0", 2, 4) == [0.5625, 0.75]  # the whole batch
+    assert math.isnan(study.same_question_rewards(tmp_path, "s1-j0", 3, 2)[2])  # a round without rollout files
+    assert all(math.isnan(x) for x in study.same_question_rewards(tmp_path, "absent", 2, 2))
