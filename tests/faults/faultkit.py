@@ -134,6 +134,26 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, nodes
         time.sleep(0.02)
 
 
+def plant_state_until_rejected(folder: Path, data: bytes, reason: str, workers: list[NodeProcess], nodes) -> None:
+    """Replace the state file with ``data`` again and again until every one of ``workers`` has logged that it
+    rejected it for ``reason``. A running coordinator reads its state back every HEARTBEAT_INTERVAL and writes its
+    own over anything else (state_restored), at times within milliseconds of the plant, before a worker has
+    polled: a single plant then goes unseen (two CI failures). The same bytes give the same reason, which a node
+    says once."""
+    said = f"rejected {LAYOUT.state_file}: {reason}"
+    garbage = folder / "garbage.tmp"
+
+    def seen_or_planted_again() -> bool:
+        if all(any(said in line for line in w.lines) for w in workers):
+            return True
+        garbage.write_bytes(data)
+        os.replace(garbage, folder / LAYOUT.state_file)
+        time.sleep(0.1)
+        return False
+
+    wait_until(seen_or_planted_again, 60, "state rejected", nodes)
+
+
 class Watcher(threading.Thread):
     """A reader beside the swarm: lists the experiment folder as a node does and parses every file it sees.
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from faultkit import (
     faults,
     leftovers,
     metrics,
+    plant_state_until_rejected,
     read_record,
     rejections,
     swarm_env,
@@ -72,18 +72,9 @@ def test_hostile_files_are_rejected_with_their_reasons_and_nothing_forged_is_tra
         # Two workers join; while the swarm waits for the third, the state file is overwritten with garbage.
         w1, w2 = swarm.start("w1"), swarm.start("w2")
         wait_until(lambda: all((folder / LAYOUT.peer_file(w)).exists() for w in ("w1", "w2")), 60, "joins", swarm.procs)
-        # The coordinator reads its state back every HEARTBEAT_INTERVAL and writes it again over what is not its
-        # own (state_restored), at times within milliseconds, before a worker has polled: so the forger rewrites
-        # the same garbage until both workers have seen it (the same bytes, the same reason: said once each).
         planted.add(LAYOUT.state_file)
-        garbage = folder / "garbage.tmp"
-        said = f"rejected {LAYOUT.state_file}: not JSON"
-        wait_until(
-            lambda: all(any(said in x for x in p.lines) for p in (w1, w2)) or _plant_garbage_state(folder, garbage),
-            60,
-            "state rejected",
-            swarm.procs,
-        )
+        garbage = b'{"kind": "state", "round": 7, "status": "fin'
+        plant_state_until_rejected(folder, garbage, "not JSON", [w1, w2], swarm.procs)
         swarm.start("w3")  # the coordinator has written its own state over the garbage (state_restored), opens round 0
         wait_until(lambda: b'"status":"running"' in (folder / LAYOUT.state_file).read_bytes(), 60, "round 0", [])
         planted.discard(LAYOUT.state_file)
@@ -130,13 +121,6 @@ def test_hostile_files_are_rejected_with_their_reasons_and_nothing_forged_is_tra
         assert all(v["swarm/external_dropped_invalid"] == 2 for v in stages), stages
         dropped = {(e.round, e.data["group_id"]) for e in events(folder, w) if e.event == "group_rejected"}
         assert dropped == {(r, g) for r in range(ROUNDS) for g in (FORGED_QUESTION, FORGED_PROVENANCE)}
-
-
-def _plant_garbage_state(folder: Path, garbage: Path) -> bool:
-    garbage.write_bytes(b'{"kind": "state", "round": 7, "status": "fin')
-    os.replace(garbage, folder / LAYOUT.state_file)
-    time.sleep(0.1)
-    return False
 
 
 def _assert_only_verified_groups_trained(spy: Path) -> None:

@@ -22,6 +22,7 @@ from faultkit import (
     assert_swarm_finished,
     events,
     metrics,
+    plant_state_until_rejected,
     read_record,
     rejections,
     rewards_present,
@@ -90,11 +91,7 @@ def test_huge_integers_type_confusion_and_unregistered_rollouts_crash_no_node(tm
 
         w1, w2 = swarm.start("w1"), swarm.start("w2")
         wait_until(lambda: all((folder / LAYOUT.peer_file(w)).exists() for w in ("w1", "w2")), 60, "joins", swarm.procs)
-        garbage = folder / "garbage.tmp"
-        garbage.write_bytes(huge_int("state"))
-        os.replace(garbage, folder / LAYOUT.state_file)  # while round 0 waits for w3
-        said = f"rejected {LAYOUT.state_file}: {HUGE_REASON}"
-        wait_until(lambda: all(any(said in x for x in p.lines) for p in (w1, w2)), 60, "state rejected", swarm.procs)
+        plant_state_until_rejected(folder, huge_int("state"), HUGE_REASON, [w1, w2], swarm.procs)  # round 0 waits
         swarm.start("w3")
         codes = swarm.wait(timeout=180)
 
