@@ -63,12 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=100,
         help="EVAL_SAMPLES (held-out questions per task; 100 gives pass@1 a standard error of at most 0.05)",
     )
-    p.add_argument(
-        "--preset",
-        choices=("demo", "sparse"),
-        default="demo",
-        help="task settings: demo = SMALL_MODEL_PRESET (easy), sparse = SPARSE_SIGNAL_PRESET (5-25%% solved)",
-    )
+    add_preset_option(p)
     p.add_argument("--folder", help="shared folder of the runs (default: a folder under the temp dir, per tag)")
     p.add_argument("--out", default=str(RESULTS), help="where the result files go")
     p.add_argument("--model", default="SmolLM2-135M-Instruct", help="MODEL_NAME of the workers")
@@ -98,6 +93,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def config_name(groups: int, j: int) -> str:
     return f"I{groups - j}-J{j}"
+
+
+def add_preset_option(p: argparse.ArgumentParser) -> None:
+    """--preset: the task settings of a learning run or a study (read by :func:`node_env`)."""
+    p.add_argument(
+        "--preset",
+        choices=("demo", "sparse"),
+        default="demo",
+        help="task settings: demo = SMALL_MODEL_PRESET (easy), sparse = SPARSE_SIGNAL_PRESET (5-25%% solved)",
+    )
 
 
 def node_env(args: argparse.Namespace, folder: Path, experiment: str, j: int, local_dir: str) -> dict[str, str]:

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from bench.common import machine_info, machine_line, machine_tag, markdown_table, source_version, write_result
-from bench.models import QUESTIONS, add_model_options, fixed_completions, load, timed
+from bench.models import add_model_options, load, timed
+from bench.training import batch_of
 from swarm_gdrive.training import grpo
 from swarm_gdrive.training.policy import (
     DeviceError,
@@ -40,18 +41,8 @@ from swarm_gdrive.training.policy import (
     pick_device,
     pick_precision,
 )
-from swarm_gdrive.training.tasks import build_messages
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-
-
-def groups_for(trainer: PolicyTrainer, args: argparse.Namespace) -> list[TrainGroup]:
-    prompts = [trainer.prompt_ids(build_messages(q)) for q in (QUESTIONS * args.prompts)[: args.prompts]]
-    completions = fixed_completions(
-        args.prompts, args.generations, args.new_tokens, len(trainer.tokenizer), trainer.tokenizer.eos_token_id
-    )
-    rewards = [float(i % 2) for i in range(args.generations)]
-    return [TrainGroup(p, c, rewards) for p, c in zip(prompts, completions, strict=True)]
 
 
 def log_probs(trainer: PolicyTrainer, groups: list[TrainGroup]) -> list[torch.Tensor]:
@@ -84,7 +75,7 @@ def measure(base: Any, tokenizer: Any, device: torch.device, precision: str, arg
         loss=grpo.LossConfig(loss_type="grpo", epsilon=0.2, epsilon_high=0.28, beta=0.0),
     )
     trainer = PolicyTrainer(copy.deepcopy(base), tokenizer, settings, device)
-    groups = groups_for(trainer, args)
+    groups = batch_of(args, trainer)
     prompts = [g.prompt_ids for g in groups]
     greedy = trainer.generate(prompts, 1, seed=0, greedy=True).token_ids
     lps = log_probs(trainer, groups)

@@ -135,12 +135,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="run each seed's swarms at once and the seeds one after another (when memory holds one seed's swarms)",
     )
-    p.add_argument(
-        "--preset",
-        choices=("demo", "sparse"),
-        default="demo",
-        help="task settings: demo = SMALL_MODEL_PRESET (easy), sparse = SPARSE_SIGNAL_PRESET (5-25%% solved)",
-    )
+    learning.add_preset_option(p)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole study may run; then stopped")
     p.add_argument("--device", default="cpu", help="DEVICE of every worker (cuda:0: all swarms share one GPU)")
     p.add_argument("--model", default="SmolLM2-135M-Instruct", help="MODEL_NAME of the workers")
