@@ -46,6 +46,7 @@ from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.protocol.worker import Worker
 from swarm_gdrive.protocol.workload import StageContext, SyntheticWorkload
 from swarm_gdrive.storage import DEFAULT_MAX_READ_BYTES, FileInfo, LocalStorage, Storage
+from swarm_gdrive.storage.base import make_dirs
 
 TESTS_DIR = Path(__file__).resolve().parent.parent / "tests"
 
@@ -76,7 +77,10 @@ class CountingStorage:
         self.counters = getattr(inner, "counters", None)  # the worker reads a backend's counters into metrics
 
     def _api(self) -> int:
-        return self.counters["api_calls"] if self.counters is not None else 0
+        """Drive requests of the calling thread so far (a call's cost is the difference; other threads' requests
+        are theirs)."""
+        per_thread = getattr(self.inner, "thread_api_calls", None)
+        return per_thread() if per_thread is not None else 0
 
     def _run(self, op: str, path: str, fn: Callable[[], Any], nbytes: int = 0, state_round: int | None = None) -> Any:
         before = self._api()
@@ -109,6 +113,9 @@ class CountingStorage:
 
     def remove_empty_dir(self, folder: str) -> bool:
         return self._run("rmdir", folder, lambda: self.inner.remove_empty_dir(folder))
+
+    def make_dirs(self, folder: str) -> None:
+        self._run("mkdir", folder, lambda: make_dirs(self.inner, folder))
 
     def move(self, src: str, dst: str) -> None:
         self._run("move", src, lambda: self.inner.move(src, dst))
@@ -285,6 +292,9 @@ def _per_round(calls: list[Call], windows: list[tuple[float, float]], layout: La
     by_op = Counter(c.op for c in inside)
     by_kind = Counter(category(layout, c.path) for c in inside)
     reads_by_kind = Counter(category(layout, c.path) for c in inside if c.op == "read")
+    api_by_call: Counter[str] = Counter()
+    for c in inside:
+        api_by_call[f"{c.op} {category(layout, c.path)}"] += c.api_calls
     return {
         "calls": len(inside) / n,
         "bytes_read": sum(c.nbytes for c in inside if c.op == "read") / n,
@@ -293,6 +303,7 @@ def _per_round(calls: list[Call], windows: list[tuple[float, float]], layout: La
         "by_op": {k: v / n for k, v in sorted(by_op.items())},
         "by_kind": {k: v / n for k, v in sorted(by_kind.items())},
         "reads_by_kind": {k: v / n for k, v in sorted(reads_by_kind.items())},
+        "api_by_call": {k: v / n for k, v in sorted(api_by_call.items()) if v},
     }
 
 
@@ -381,6 +392,7 @@ def analyse(spec: RunSpec, layout: Layout, coord: NodeThread, workers: list[Node
             "by_op": mean_map("by_op") if per_worker else {},
             "by_kind": mean_map("by_kind") if per_worker else {},
             "reads_by_kind": mean_map("reads_by_kind") if per_worker else {},
+            "api_by_call": mean_map("api_by_call") if per_worker else {},
         },
         "coordinator_per_round": _per_round(coord.storage.calls, coord_windows, layout),
     }
@@ -459,6 +471,15 @@ def render(result: dict[str, Any]) -> str:
         for g in result["growth"]
     ]
     kinds = [[r["name"], ", ".join(f"{k} {v:.3g}" for k, v in r["worker_per_round"]["by_kind"].items())] for r in runs]
+    drive_calls = [
+        [
+            r["name"],
+            ", ".join(f"{k} {v:.3g}" for k, v in r["worker_per_round"].get("api_by_call", {}).items()),
+            ", ".join(f"{k} {v:.3g}" for k, v in r["coordinator_per_round"].get("api_by_call", {}).items()),
+        ]
+        for r in runs
+        if r["spec"]["backend"] == "drive"
+    ]
     return "\n\n".join(
         [
             "# Coordination benchmark",
@@ -469,6 +490,14 @@ def render(result: dict[str, Any]) -> str:
             markdown_table(["backend", "poll", "J", "N", *GROWTH_METRICS], slopes),
             "Worker storage calls per round by file kind:",
             markdown_table(["run", "calls/round by kind"], kinds),
+            *(
+                [
+                    "Drive requests per round by storage call and file kind (worker mean; coordinator):",
+                    markdown_table(["run", "worker", "coordinator"], drive_calls),
+                ]
+                if drive_calls
+                else []
+            ),
         ]
     )
 

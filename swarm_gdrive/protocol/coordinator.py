@@ -3,7 +3,13 @@
 A round advances when every live worker has submitted its reward for the round's last
 stage, or when COORDINATOR_ROUND_INTERVAL seconds (coordinator's own clock) have passed
 since it opened. Liveness is judged on the coordinator's clock: a worker is live while
-its peer record keeps changing. The coordinator never loads a model.
+its peer file keeps changing in the listing of ``peers/``. The coordinator never loads a model.
+
+What it costs a remote store per round (GDRIVE_IMPLEMENTATION.md §5.3, §6, §15.5): a listing of the round's rewards
+per poll, each reward file downloaded once (several at once), a listing of ``peers/`` at most every
+HEARTBEAT_INTERVAL / 4 seconds with a peer file downloaded only when it changed and its record matters,
+and the next round's folders created ahead of it. Polls are brisk while some but not all live workers
+have submitted, and around the moment the round is expected to end; they back off otherwise.
 """
 
 from __future__ import annotations
@@ -19,12 +25,12 @@ from datetime import datetime, timezone
 
 from swarm_gdrive import logctx
 from swarm_gdrive.config import Config
-from swarm_gdrive.protocol.exchange import Exchange, RunChangedError
+from swarm_gdrive.protocol.exchange import Exchange, RunChangedError, listing_key
 from swarm_gdrive.protocol.heartbeat import Heartbeat
 from swarm_gdrive.protocol.layout import Layout, parse_round_dir
 from swarm_gdrive.protocol.metrics import NodeLog
-from swarm_gdrive.protocol.polling import Backoff, Stopped, wait_for
-from swarm_gdrive.protocol.records import ExperimentRecord, StateRecord
+from swarm_gdrive.protocol.polling import BRISK_FRACTION, Backoff, Pacer, RoundClock, Stopped, wait_for
+from swarm_gdrive.protocol.records import ExperimentRecord, PeerRecord, StateRecord
 from swarm_gdrive.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -52,6 +58,10 @@ class Liveness:
 
     def forget(self, node_id: str) -> None:
         self._seen.pop(node_id, None)
+
+    def quiet(self, now: float, for_s: float) -> frozenset[str]:
+        """Nodes whose marker has not changed for ``for_s`` seconds."""
+        return frozenset(n for n, (_, changed) in self._seen.items() if now - changed >= for_s)
 
     def live(self, now: float) -> frozenset[str]:
         return frozenset(n for n, (_, changed) in self._seen.items() if now - changed < self.timeout)
@@ -150,6 +160,10 @@ class Coordinator:
         self.clock = clock
         self.liveness = Liveness(config.liveness_timeout)
         self.workers_seen: set[str] = set()
+        self._alive: dict[str, PeerRecord] = {}  # workers whose last record read says alive: liveness by listing
+        self._live: frozenset[str] = frozenset()
+        self._peers_listed_at = -math.inf
+        self.rounds = RoundClock()
         self.late: dict[int, _LateWatch] = {}  # rounds closed on the deadline whose late rewards are still counted
         self._waiting_said: tuple[frozenset[str], frozenset[str], float] | None = None
         self.log = NodeLog(storage, self.layout, node_id)
@@ -333,17 +347,44 @@ class Coordinator:
 
     # -- loop ------------------------------------------------------------------------------
 
-    def observe(self, now: float) -> frozenset[str]:
-        """Read the peers folder and return the live workers."""
-        for node_id, seen in self.exchange.read_peers().items():
+    def observe(self, now: float, every: bool = True) -> frozenset[str]:
+        """List the peers folder and return the live workers.
+
+        A worker is live while its peer file's listing entry (size, mtime, version) keeps changing. A peer file is
+        downloaded only when it changed since its last read and its record matters: a node not known as an alive
+        worker (new, or stopped and maybe back), or an alive one whose file has then stayed unchanged for a
+        heartbeat: a worker that beats on is alive, one that fell silent may have written 'stopped' (or its
+        file was replaced by something else). ``every``: every changed file is read (while round 0 waits).
+        """
+        listing = self.exchange.peer_files()
+        for node_id, info in listing.items():
+            self.liveness.observe(node_id, listing_key(info), now)
+        quiet = self.liveness.quiet(now, self.config.heartbeat_interval)
+        needed = {
+            node_id: info
+            for node_id, info in listing.items()
+            if every or node_id not in self._alive or node_id in quiet
+        }
+        for node_id, seen in self.exchange.read_peer_files(needed).items():
             record = seen.record
-            if record is not None and record.role == "worker":  # type: ignore[attr-defined]
+            if isinstance(record, PeerRecord) and record.role == "worker":
                 self.workers_seen.add(node_id)
-            if record is None or record.role != "worker" or record.status == "stopped":  # type: ignore[attr-defined]
+            if not isinstance(record, PeerRecord) or record.role != "worker" or record.status == "stopped":
+                self._alive.pop(node_id, None)
                 self.liveness.forget(node_id)
                 continue
-            self.liveness.observe(node_id, (record.registered_at, record.heartbeat), now)  # type: ignore[attr-defined]
-        return self.liveness.live(now)
+            self._alive[node_id] = record
+        return self.liveness.live(now) & frozenset(self._alive)
+
+    def _observe_peers(self, state: StateRecord, now: float) -> frozenset[str]:
+        """The live workers: the peers folder is listed at most every HEARTBEAT_INTERVAL / 4 seconds while a round
+        runs (heartbeats change it no faster), at every poll while round 0 waits for workers."""
+        running = state.status == "running"
+        if running and now - self._peers_listed_at < self.config.heartbeat_interval / 4:
+            return self._live
+        self._peers_listed_at = now
+        self._live = self.observe(now, every=not running)
+        return self._live
 
     def submissions(self, state: StateRecord) -> frozenset[str]:
         """Workers that submitted the round's last stage. Only registered workers count: a stray
@@ -372,17 +413,19 @@ class Coordinator:
         return 0
 
     def _serve(self, state: StateRecord, heartbeat: Heartbeat) -> None:
-        backoff = Backoff(self.config.poll_interval_min, self.config.poll_interval_max)
+        brisk = self.config.poll_interval_min * BRISK_FRACTION
+        pacer = Pacer(Backoff(self.config.poll_interval_min, self.config.poll_interval_max), brisk, self.clock)
         opened = checked = self.clock()
         last_seen: tuple[frozenset[str], frozenset[str]] | None = None
+        self.prepare_rounds(state)
         while state.status != "finished":
             if self.stop.is_set():
                 raise Stopped()
             now = self.clock()
             if now - checked >= self.config.heartbeat_interval:
                 state, checked = self._keep_own_state(state), now
-            live = self.observe(now)
             submitted = self.submissions(state)
+            live = self._observe_peers(state, now)
             self.watch_late(now, self.config.coordinator_round_interval + self.config.sync_lag)
             if state.status == "waiting" and len(live) < self.config.min_workers:
                 self.report_waiting(live, now)
@@ -399,18 +442,33 @@ class Coordinator:
                 opened = now
             if decision.state is not None:
                 self._publish(state, decision, live, submitted, now)
+                new_round = decision.state.round != state.round or decision.state.status != state.status
                 state = decision.state
                 logctx.set_round(state.round)
                 heartbeat.set_round(state.round)
-                backoff.reset()
+                pacer.reset()
+                if new_round and state.status == "running":
+                    self.rounds.opened(state.round, self.clock())
+                    pacer.expect(*(self.rounds.next_open() or (None, 0.0)))
+                    self.prepare_rounds(state)
             if (live, submitted) != last_seen:
-                backoff.reset()
+                # Submissions come in a burst at the end of a round: while some are in, the rest are near.
+                pacer.reset(brisk if state.status == "running" and submitted and live - submitted else None)
                 last_seen = (live, submitted)
             if state.status != "finished":
-                timeout = backoff.next()
+                timeout = pacer.next()
                 if state.status == "running":
                     timeout = min(timeout, max(0.0, self.config.coordinator_round_interval - (self.clock() - opened)))
                 self.stop.wait(max(timeout, 0.01))
+
+    def prepare_rounds(self, state: StateRecord) -> None:
+        """Create the folders of the state's round and the next one before workers write into them: one creator,
+        so no duplicate round folders, and on Drive a worker's first write into a round is one request."""
+        if state.status == "finished":
+            return
+        rounds = [r for r in (state.round, state.round + 1) if r < state.max_rounds]
+        for round_ in rounds:
+            self.exchange.prepare_round(round_, state.num_stages)
 
     def _keep_own_state(self, state: StateRecord) -> StateRecord:
         """Read the state file back (every HEARTBEAT_INTERVAL): anything but the state this coordinator last wrote (a

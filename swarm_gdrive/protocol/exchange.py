@@ -12,7 +12,9 @@ for the caller's bounded wait to ride out.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterator
+import threading
+from collections.abc import Callable, Collection, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from swarm_gdrive.protocol.layout import Layout, node_id_from_filename, parse_round_dir, parse_stage_dir
@@ -30,7 +32,7 @@ from swarm_gdrive.protocol.records import (
     encode,
 )
 from swarm_gdrive.storage import FileInfo, FileTooLargeError, Storage
-from swarm_gdrive.storage.base import NotRegularFileError, StorageUnavailableError, is_temp_of
+from swarm_gdrive.storage.base import NotRegularFileError, StorageUnavailableError, is_temp_of, make_dirs
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +44,9 @@ NOT_A_FOLDER = "not a folder (a file, FIFO, device or link where a folder belong
 #: Why :meth:`Exchange.read_rollouts` left a listed batch unread (its ``skipped`` argument).
 NOT_ASKED = "not asked for"
 OVER_BUDGET = "over the read budget"
+#: Files of one listing downloaded at once (a thread each, kept for the node's life): on a remote store a
+#: round's rewards or a stage's peer batches cost about one round trip instead of one each.
+READ_CONCURRENCY = 8
 
 
 def os_reason(exc: OSError) -> str:
@@ -73,6 +78,11 @@ class ReadBudget:
         self.bytes -= size
 
 
+def listing_key(info: FileInfo) -> tuple[int, float, str | None]:
+    """What must be unchanged for an earlier read of a listed file to stand for it."""
+    return (info.size, info.mtime, info.version)
+
+
 class RunChangedError(RuntimeError):
     """The state belongs to another run of the experiment: it was reset while this node ran."""
 
@@ -102,11 +112,14 @@ class Exchange:
         self.run_id = run_id
         self._on_reject = on_reject
         self._newest_state: StateRecord | None = None
-        self._cache: dict[str, tuple[tuple[int, float], object | None]] = {}
+        self._cache: dict[str, tuple[tuple[int, float, str | None], object | None]] = {}
         self._cached_rollouts: dict[int, set[str]] = {}  # round -> rollout paths in _cache (batches are large)
         self._rejected: dict[str, str] = {}
         self._cleaned_below = 0  # rounds below this hold none of this node's rollouts any more
         self._registered: set[str] = set()  # workers of this run with a valid peer file, as seen so far
+        self._prepared: set[int] = set()  # rounds whose folders this node created ahead (prepare_round)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
         self.stats = {"reads": 0, "writes": 0, "lists": 0, "deletes": 0, "bytes_read": 0, "bytes_written": 0}
 
     # -- generic ---------------------------------------------------------------------------
@@ -174,16 +187,66 @@ class Exchange:
         kind = model.model_fields["kind"].default
         try:
             data = self.storage.read_bytes(path, MAX_BYTES[kind])
-        except FileNotFoundError:
+        except OSError as exc:
+            return self._unread(path, kind, exc)
+        return self._verify(path, data, model, check_run)
+
+    def _unread(self, path: str, kind: str, exc: OSError) -> None:
+        """What a failed read means: absent (None), an outage (raised), or a rejection (logged, None)."""
+        if isinstance(exc, FileNotFoundError):
             return None
-        except StorageUnavailableError:
-            raise
-        except FileTooLargeError as exc:
+        if isinstance(exc, StorageUnavailableError):
+            raise exc
+        if isinstance(exc, FileTooLargeError):
             self._reject(path, f"{exc.size} bytes exceeds the {exc.cap}-byte cap for a {kind} file")
             return None
-        except OSError as exc:  # a folder, FIFO or device in its place, a file in its path, a refused link
-            self._reject(path, os_reason(exc))
-            return None
+        self._reject(path, os_reason(exc))  # a folder, FIFO or device in its place, a file in its path, a link
+        return None
+
+    def _fetch_all(self, paths: list[str], cap: int) -> list[bytes | OSError]:
+        """The bytes of each path (or the OSError its read raised), downloaded concurrently when there are several."""
+
+        def fetch(path: str) -> bytes | OSError:
+            try:
+                return self.storage.read_bytes(path, cap)
+            except OSError as exc:
+                return exc
+
+        if len(paths) < 2:
+            return [fetch(p) for p in paths]
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(READ_CONCURRENCY, thread_name_prefix="exchange-read")
+            pool = self._pool
+        return list(pool.map(fetch, paths))
+
+    def _read_listed(
+        self, folder: str, infos: Iterable[FileInfo], model: type[R], check_run: bool = True
+    ) -> dict[str, R | None]:
+        """:meth:`_read_cached` of several listed files of ``folder``, by name: the ones new or changed since
+        their last read are downloaded together (:data:`READ_CONCURRENCY`), then validated here in order."""
+        infos = list(infos)
+        out: dict[str, R | None] = {}
+        missing: list[FileInfo] = []
+        for info in infos:
+            hit, record = self._cached(f"{folder}/{info.name}", info)
+            if hit:
+                out[info.name] = record  # type: ignore[assignment]
+            else:
+                missing.append(info)
+        kind = model.model_fields["kind"].default
+        fetched = self._fetch_all([f"{folder}/{i.name}" for i in missing], MAX_BYTES[kind])
+        for info, got in zip(missing, fetched, strict=True):
+            path = f"{folder}/{info.name}"
+            record = (
+                self._unread(path, kind, got) if isinstance(got, OSError) else self._verify(path, got, model, check_run)
+            )
+            self._cache[path] = (listing_key(info), record)
+            out[info.name] = record
+        return {info.name: out[info.name] for info in infos}
+
+    def _verify(self, path: str, data: bytes, model: type[R], check_run: bool = True) -> R | None:
+        """Decode and cross-check what was read from ``path``; None (and a logged reason) if invalid."""
         self.stats["reads"] += 1
         self.stats["bytes_read"] += len(data)
         try:
@@ -200,7 +263,7 @@ class Exchange:
     def _cached(self, path: str, info: FileInfo) -> tuple[bool, object | None]:
         """(True, record) when ``path`` was read before with the same (size, mtime); (False, None) otherwise."""
         cached = self._cache.get(path)
-        if cached is not None and cached[0] == (info.size, info.mtime):
+        if cached is not None and cached[0] == listing_key(info):
             return True, cached[1]
         return False, None
 
@@ -211,7 +274,7 @@ class Exchange:
         if hit:
             return record  # type: ignore[return-value]
         record = self._read(path, model)
-        self._cache[path] = ((info.size, info.mtime), record)
+        self._cache[path] = (listing_key(info), record)
         return record
 
     def _cross_check(self, path: str, record: object, check_run: bool = True) -> str | None:
@@ -240,7 +303,7 @@ class Exchange:
 
         Raises :class:`RunChangedError` if the state belongs to another run (a reset).
         """
-        state = self._read(self.layout.state_file, StateRecord, check_run=False)
+        state = self._read_state()
         if state is not None and self.run_id is not None and state.run_id != self.run_id:
             raise RunChangedError(f"the state now belongs to run {state.run_id}, not {self.run_id}")
         if state is not None and state.experiment != self.layout.experiment:
@@ -255,11 +318,22 @@ class Exchange:
     def read_state_file(self) -> StateRecord | None:
         """The state file as it is now, validated, with neither the run check nor the monotonic memory of
         :meth:`read_state`: for a reader with its own trust rule (the worker's, GDRIVE_IMPLEMENTATION.md §5.5)."""
-        state = self._read(self.layout.state_file, StateRecord, check_run=False)
+        state = self._read_state()
         if state is not None and state.experiment != self.layout.experiment:
             self._reject(self.layout.state_file, f"experiment {state.experiment!r} is not {self.layout.experiment!r}")
             return None
         return state
+
+    def _read_state(self) -> StateRecord | None:
+        """The state file, validated; downloaded only when its listing entry (size, mtime, version) changed since
+        the last read, so a poll of an unchanged state costs a listing of ``state/``, not the O(N) bytes of a
+        state naming every live worker. Anything but a regular file in the listing is read directly, for the
+        reason its read gives."""
+        folder, name = self.layout.state_file.rsplit("/", 1)
+        entry = next((info for info in self._list(folder) if info.name == name), None)
+        if entry is None or entry.is_dir:
+            return self._read(self.layout.state_file, StateRecord, check_run=False)
+        return self._read_listed(folder, [entry], StateRecord, check_run=False)[name]
 
     def write_state(self, record: StateRecord) -> None:
         self._write(self.layout.state_file, record)
@@ -276,11 +350,16 @@ class Exchange:
 
     def read_peers(self) -> dict[str, Observed]:
         """Every peer file of the folder: its listing entry and its record (re-read only when changed)."""
-        folder = self.layout.peers_dir
-        return {
-            node_id: Observed(info, self._read_cached(folder, info, PeerRecord))
-            for info, node_id in self._files(folder)
-        }
+        return self.read_peer_files(self.peer_files())
+
+    def peer_files(self) -> dict[str, FileInfo]:
+        """The listing entry of every ``peers/{node id}.json``, by node id; nothing is downloaded."""
+        return {node_id: info for info, node_id in self._files(self.layout.peers_dir)}
+
+    def read_peer_files(self, entries: dict[str, FileInfo]) -> dict[str, Observed]:
+        """The records of the listed peer files in ``entries`` (re-read only when changed, several at once)."""
+        records = self._read_listed(self.layout.peers_dir, entries.values(), PeerRecord)
+        return {node_id: Observed(info, records[info.name]) for node_id, info in entries.items()}
 
     def registered_workers(self) -> set[str]:
         """Names with a valid peer file of a worker of this run (alive or stopped).
@@ -295,6 +374,31 @@ class Exchange:
                     self._registered.add(node_id)
         return set(self._registered)
 
+    # -- round folders ---------------------------------------------------------------------
+
+    def prepare_round(self, round_: int, stages: int) -> None:
+        """Create the rewards and rollouts folders of every stage of ``round_`` where the backend can (the
+        coordinator, ahead of the round; every writer creates what is missing anyway). Best effort: an outage or
+        something planted where a folder belongs is logged, never raised."""
+        if round_ in self._prepared:
+            return
+        try:
+            for stage in range(stages):
+                for folder in (
+                    self.layout.rewards_stage_dir(round_, stage),
+                    self.layout.rollouts_stage_dir(round_, stage),
+                ):
+                    try:
+                        make_dirs(self.storage, folder)
+                    except StorageUnavailableError:
+                        raise
+                    except OSError as exc:
+                        self._reject(folder, f"not created ahead of its round: {os_reason(exc)}")
+        except StorageUnavailableError as exc:
+            logger.warning("round %d's folders not created ahead: the store is unavailable (%s)", round_, exc)
+            return
+        self._prepared.add(round_)
+
     # -- rewards ---------------------------------------------------------------------------
 
     def write_reward(self, record: RewardRecord) -> None:
@@ -304,10 +408,10 @@ class Exchange:
         """Valid reward submissions of a stage, by node id (of the nodes in ``only``, if given)."""
         folder = self.layout.rewards_stage_dir(round_, stage)
         out: dict[str, RewardRecord] = {}
-        for info, node_id in self._files(folder):
-            if only is not None and node_id not in only:
-                continue
-            record = self._read_cached(folder, info, RewardRecord)
+        listed = [info for info, node_id in self._files(folder) if only is None or node_id in only]
+        records = self._read_listed(folder, listed, RewardRecord)  # only new or changed files are downloaded
+        for info in listed:
+            record = records[info.name]
             if record is not None and (record.round, record.stage) == (round_, stage):
                 out[record.node_id] = record
             elif record is not None:
@@ -355,43 +459,65 @@ class Exchange:
         for old in [r for r in self._cached_rollouts if r < round_]:  # readers move forward: free older batches
             for path in self._cached_rollouts.pop(old):
                 self._cache.pop(path, None)
-        entries = sorted(self._files(folder), key=lambda entry: (entry[1] not in first, entry[0].name))
+        wanted, reserved = self._batches_to_read(folder, round_, exclude_self, only, budget, skipped, first)
+        before = self.stats["bytes_read"]
+        batches = self._read_listed(folder, [info for info, _ in wanted], RolloutBatch)  # several at once
+        if budget is not None:  # reserved by listed size; a file that grew since its listing costs the rest
+            budget.bytes -= max(0, self.stats["bytes_read"] - before - reserved)
         out: dict[str, RolloutBatch] = {}
-        for info, node_id in entries:
-            if exclude_self and node_id == self.node_id:
-                continue
-            if only is not None and node_id not in only:
-                if skipped is not None:
-                    skipped[node_id] = NOT_ASKED
-                continue
-            read, batch = self._read_batch(folder, info, round_, budget)
-            if not read:
-                if skipped is not None:
-                    skipped[node_id] = OVER_BUDGET
-            elif batch is not None and (batch.round, batch.stage) == (round_, stage):
+        for info, node_id in wanted:
+            batch = batches[info.name]
+            if batch is not None and (batch.round, batch.stage) == (round_, stage):
                 out[node_id] = batch
             elif batch is not None:
                 self._reject(f"{folder}/{info.name}", "round/stage inside do not match the folder")
         return out
 
-    def _read_batch(
-        self, folder: str, info: FileInfo, round_: int, budget: ReadBudget | None
-    ) -> tuple[bool, RolloutBatch | None]:
-        """(True, batch or None if rejected) from the cache, or read if ``budget`` allows; else (False, None)."""
-        path = f"{folder}/{info.name}"
-        hit, batch = self._cached(path, info)
-        if hit:
-            return True, batch  # type: ignore[return-value]
+    def _batches_to_read(
+        self,
+        folder: str,
+        round_: int,
+        exclude_self: bool,
+        only: Collection[str] | None,
+        budget: ReadBudget | None,
+        skipped: dict[str, str] | None,
+        first: Collection[str],
+    ) -> tuple[list[tuple[FileInfo, str]], int]:
+        """The listed batches :meth:`read_rollouts` reads (``first`` first), and the budget bytes they reserve."""
+        entries = sorted(self._files(folder), key=lambda entry: (entry[1] not in first, entry[0].name))
+        wanted: list[tuple[FileInfo, str]] = []
+        reserved = 0
+        for info, node_id in entries:
+            if exclude_self and node_id == self.node_id:
+                continue
+            why = None
+            if only is not None and node_id not in only:
+                why = NOT_ASKED
+            else:
+                cost = self._within_budget(f"{folder}/{info.name}", info, round_, budget)
+                if cost is None:
+                    why = OVER_BUDGET
+                else:
+                    reserved += cost
+                    wanted.append((info, node_id))
+            if why is not None and skipped is not None:
+                skipped[node_id] = why
+        return wanted, reserved
+
+    def _within_budget(self, path: str, info: FileInfo, round_: int, budget: ReadBudget | None) -> int | None:
+        """The bytes of ``budget`` the batch at ``path`` reserves (0 when cached or not counted), or None when the
+        budget does not allow reading it."""
+        if self._cached(path, info)[0]:
+            return 0
         # A file over the cap of a batch is refused before a byte of it is read: it costs the budget nothing.
-        budget = budget if info.size <= MAX_BYTES["rollouts"] else None
-        if budget is not None and not budget.allows(path, info.size):
-            return False, None
+        if budget is not None and info.size <= MAX_BYTES["rollouts"]:
+            if not budget.allows(path, info.size):
+                return None
+            budget.spend(path, info.size)
+            self._cached_rollouts.setdefault(round_, set()).add(path)
+            return info.size
         self._cached_rollouts.setdefault(round_, set()).add(path)
-        before = self.stats["bytes_read"]
-        batch = self._read_cached(folder, info, RolloutBatch)
-        if budget is not None:
-            budget.spend(path, max(info.size, self.stats["bytes_read"] - before))
-        return True, batch
+        return 0
 
     # -- housekeeping ----------------------------------------------------------------------
 

@@ -29,8 +29,9 @@ class Backoff:
         self._next = minimum
         self._rng = rng or random.Random()
 
-    def reset(self) -> None:
-        self._next = self.minimum
+    def reset(self, start: float | None = None) -> None:
+        """Start again from ``minimum`` (or from ``start``, a brisker first delay, when given)."""
+        self._next = self.minimum if start is None else min(start, self.maximum)
 
     def next(self) -> float:
         delay = self._next
@@ -38,11 +39,86 @@ class Backoff:
         return delay * self._rng.uniform(0.8, 1.2)
 
 
+#: A brisk poll is this fraction of POLL_INTERVAL_MIN (0.1 s by default).
+BRISK_FRACTION = 0.2
+#: Round lengths a :class:`Pacer` remembers; it expects the median of them.
+PACE_HISTORY = 3
+
+
+class Pacer:
+    """A :class:`Backoff` that polls briskly around the moment something is expected, and sleeps before it.
+
+    ``expect(at, window)``: until ``at - window`` the delays are the backoff's, but never past that moment;
+    inside ``at +- window`` every delay is ``brisk``; after it the backoff starts again from ``brisk``. Without
+    an expected moment it is the plain backoff. The moment comes from :class:`RoundClock`: a round of a swarm
+    of equal machines lasts about as long as the last ones did.
+    """
+
+    def __init__(self, backoff: Backoff, brisk: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.backoff, self.brisk, self.clock = backoff, brisk, clock
+        self.at: float | None = None
+        self.window = 0.0
+        self._after = False
+
+    def expect(self, at: float | None, window: float = 0.0) -> None:
+        self.at, self.window, self._after = at, window, False
+
+    def reset(self, start: float | None = None) -> None:
+        self.backoff.reset(start)
+
+    def next(self) -> float:
+        delay = self.backoff.next()
+        if self.at is None:
+            return delay
+        now = self.clock()
+        start, end = self.at - self.window, self.at + self.window
+        if now < start:
+            return min(delay, start - now)
+        if now <= end:
+            return self.brisk
+        if not self._after:  # the moment passed without the event: poll on, from brisk
+            self._after = True
+            self.backoff.reset(self.brisk)
+            return self.brisk
+        return delay
+
+
+class RoundClock:
+    """When the next round is expected, from when the last ones were seen to open (one node's own clock)."""
+
+    def __init__(self, history: int = PACE_HISTORY) -> None:
+        self.history = history
+        self._opened: list[tuple[int, float]] = []
+
+    def opened(self, round_: int, at: float) -> None:
+        """Round ``round_`` was first seen open at ``at``."""
+        if self._opened and round_ <= self._opened[-1][0]:
+            return
+        self._opened = [*self._opened, (round_, at)][-(self.history + 1) :]
+
+    def length(self) -> float | None:
+        """The median length of the last rounds that followed one another, or None before two were seen."""
+        spans = sorted(
+            (b[1] - a[1])
+            for a, b in zip(self._opened, self._opened[1:], strict=False)
+            if b[0] == a[0] + 1 and b[1] > a[1]
+        )
+        return spans[len(spans) // 2] if spans else None
+
+    def next_open(self) -> tuple[float, float] | None:
+        """(expected moment, window) of the next round's opening, or None while there is nothing to go on. The
+        window is a twentieth of a round either side."""
+        length = self.length()
+        if length is None or not self._opened:
+            return None
+        return self._opened[-1][1] + length, 0.05 * length
+
+
 def wait_for(
     check: Callable[[], T | None],
     stop: threading.Event,
     timeout: float | None,
-    backoff: Backoff,
+    backoff: Backoff | Pacer,
     clock: Callable[[], float] = time.monotonic,
 ) -> T | None:
     """Call ``check`` until it returns something other than None; None once ``timeout`` passes.

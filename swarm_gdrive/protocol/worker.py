@@ -22,7 +22,7 @@ from swarm_gdrive.protocol.heartbeat import Heartbeat
 from swarm_gdrive.protocol.identity import Identity
 from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.protocol.metrics import NodeLog
-from swarm_gdrive.protocol.polling import Backoff, Stopped, wait_for
+from swarm_gdrive.protocol.polling import BRISK_FRACTION, Backoff, Pacer, RoundClock, Stopped, wait_for
 from swarm_gdrive.protocol.records import (
     EvalRecord,
     ExperimentRecord,
@@ -67,6 +67,10 @@ class Worker:
         self._twin: str | None = None  # set when this process stepped down for another one with its NODE_ID
         self._backend_mark: dict[str, int] = {}
         self._state_backoff = Backoff(config.poll_interval_min, config.poll_interval_max)
+        # Waiting for the next round: brisk around the moment it is expected to open (RoundClock), backed off
+        # before and after, so the pickup is quick without every worker polling fast all the time.
+        self._state_pacer = Pacer(self._state_backoff, config.poll_interval_min * BRISK_FRACTION)
+        self.rounds = RoundClock()
         self._gather_backoff = Backoff(config.poll_interval_min, min(config.poll_interval_max, 2.0))
 
     def _rejected(self, path: str, reason: str) -> None:
@@ -199,7 +203,10 @@ class Worker:
                 return None
             return state if state.status == "finished" or state.round >= target else None
 
-        state = wait_for(ready, self.stop, self.config.coordinator_wait_timeout, self._state_backoff)
+        self._state_pacer.expect(*(self.rounds.next_open() or (None, 0.0)))
+        state = wait_for(ready, self.stop, self.config.coordinator_wait_timeout, self._state_pacer)
+        if state is not None and state.status == "running":
+            self.rounds.opened(state.round, time.monotonic())
         if state is None:
             raise GiveUpError(
                 f"the round state did not reach round {target} in {self.config.coordinator_wait_timeout:g} s:"

@@ -103,6 +103,9 @@ class FileInfo:
     size: int
     mtime: float
     is_dir: bool
+    #: What changes with every write where the backend knows it (Drive's md5, an object store's ETag, a local
+    #: file's inode, new at each atomic replace): with size and mtime, the key under which a read is reused.
+    version: str | None = None
 
 
 @runtime_checkable
@@ -140,6 +143,17 @@ class Storage(Protocol):
     def describe(self) -> str:
         """Human-readable location, for logs."""
         ...
+
+
+def make_dirs(storage: Storage, folder: str) -> bool:
+    """Create ``folder`` ahead of the writes into it, where the backend can (its ``make_dirs``); False where it
+    cannot. Optional: every write creates its own folders anyway; a backend gains from it when creating a folder
+    costs requests and racing creators make duplicates (Drive)."""
+    make = getattr(storage, "make_dirs", None)
+    if make is None:
+        return False
+    make(folder)
+    return True
 
 
 class wait_truncated_exponential(wait_base):  # noqa: N801 - named like tenacity's own wait strategies

@@ -7,7 +7,9 @@ Drive is not a filesystem, and this backend turns its quirks into the storage co
   names takes the newest by modifiedTime; a writer updates its file by id and removes the
   duplicates of its own files.
 - Listings lag behind creates (reads by id do not): ids are cached, the node's own writes are
-  merged into its listings, and the protocol's bounded waits retry what is still missing.
+  merged into its listings, and the protocol's bounded waits retry what is still missing. A young
+  folder (one a lagging node may still duplicate) is looked up again after half its age, at least
+  RECHECK_YOUNG_S and at most until it is YOUNG_FOLDER_S old.
 - An upload replaces a file's content whole, so a reader sees the old or the new content;
   downloads are checked against the md5 Drive reports.
 - Rate limits, 5xx, dropped connections and transient token-refresh failures are retried with
@@ -23,7 +25,11 @@ leaves it with one warning. :func:`open_drive_storage` checks the root folder fi
 unshared id is one line naming GDRIVE_PATH.
 
 Economy: ``fields`` is restricted to what is used, listings ask for 1000 entries a page and
-one listing of a folder serves the reads of the files in it. Every API call and byte is counted
+one listing of a folder serves the reads of the files in it. The first write of a path looks for a
+file of that name left by an earlier process of the node, except in a folder created after this
+process first wrote (Drive's own clock): nothing of an earlier process can be there, and the write
+is one request. :meth:`DriveStorage.make_dirs` lets the coordinator create a round's folders before
+anyone writes into them, with no lookup under a folder it has just created itself. Every API call and byte is counted
 in :attr:`DriveStorage.counters`.
 """
 
@@ -206,9 +212,13 @@ class DriveStorage:
         self._account = account
         self.chunk_bytes = chunk_bytes
         self._lock = threading.RLock()
+        self._resolving = threading.RLock()  # held while a folder path is looked up (see _folder_ids)
         self._api_lock = threading.Lock()  # only for a client whose connection cannot be duplicated
         # folder path -> (ids of every folder at that path, oldest first; when resolved; newest createdTime)
         self._folders: dict[tuple[str, ...], tuple[list[str], float, float]] = {}
+        self._oldest_ctime: dict[tuple[str, ...], float] = {}  # folder path -> createdTime of its oldest folder
+        # Drive's clock when this process first wrote: a folder created later holds nothing of an earlier process.
+        self._epoch: float | None = None
         self._listing: dict[str, dict[str, _Entry]] = {}  # folder id -> name -> entry (newest duplicate)
         self._listed_at: dict[str, float] = {}  # folder id -> when it was listed (monotonic)
         self._cache_ttl = cache_ttl  # ids are re-resolved after this long: folders can be moved (a reset)
@@ -244,6 +254,13 @@ class DriveStorage:
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
             self.counters[key] += n
+        if key == "api_calls":
+            self._local.api_calls = getattr(self._local, "api_calls", 0) + n
+
+    def thread_api_calls(self) -> int:
+        """API calls made by the calling thread so far: what one storage call cost, while other threads (a
+        heartbeat, concurrent downloads) make calls of their own."""
+        return getattr(self._local, "api_calls", 0)
 
     # -- calls -------------------------------------------------------------------------------
 
@@ -375,21 +392,81 @@ class DriveStorage:
             if cached is not None and not self._expired(*cached[1:]):
                 current = cached[0]
                 continue
-            found = sorted((e for pid in current for e in self._find_folders(pid, name)), key=lambda e: (e.ctime, e.id))
-            if not found and create:
-                with self._root_guard(current[0]):
-                    found = [self._create_folder(current[0], name)]
-            if not found:
-                return []
-            with self._lock:
-                self._folders[key] = ([e.id for e in found], time.monotonic(), max(e.ctime for e in found))
+            with self._resolving:  # threads reading one folder's files at once look it up once, not each
+                with self._lock:
+                    cached = self._folders.get(key)
+                if cached is not None and not self._expired(*cached[1:]):
+                    current = cached[0]
+                    continue
+                found = sorted(
+                    (e for pid in current for e in self._find_folders(pid, name)), key=lambda e: (e.ctime, e.id)
+                )
+                if not found and create:
+                    with self._root_guard(current[0]):
+                        found = [self._create_folder(current[0], name)]
+                if not found:
+                    return []
+                self._remember_folders(key, found)
             current = [e.id for e in found]
         return current
 
+    def _remember_folders(self, key: tuple[str, ...], found: list[_Entry]) -> None:
+        with self._lock:
+            self._folders[key] = ([e.id for e in found], time.monotonic(), max(e.ctime for e in found))
+            self._oldest_ctime[key] = min(e.ctime for e in found)
+
     def _expired(self, resolved_at: float, youngest_ctime: float) -> bool:
-        age = time.monotonic() - resolved_at
-        young = time.time() - youngest_ctime < YOUNG_FOLDER_S
-        return age > (RECHECK_YOUNG_S if young else self._cache_ttl)
+        """A resolution is looked up again after ``cache_ttl``; a young folder's (a lagging node may still create a
+        duplicate of it) after half the folder's age, at least RECHECK_YOUNG_S: the chance of a duplicate falls as
+        every node's listing catches up, and so does how often it is looked for."""
+        since = time.monotonic() - resolved_at
+        age = time.time() - youngest_ctime
+        if age < YOUNG_FOLDER_S:
+            return since > max(RECHECK_YOUNG_S, age / 2)
+        return since > self._cache_ttl
+
+    def make_dirs(self, folder: str) -> None:
+        """Create ``folder`` and its missing parents ahead of the writes into it (the coordinator's round folders).
+
+        Each missing level costs a lookup and a create, and a level under one this call created costs the create
+        only: nobody else can have made a folder inside one that did not exist a moment ago. Unlike a writer's
+        creation, there is no second lookup for a racing duplicate: the caller is the folders' designated creator,
+        and a duplicate made by a lagging writer is found by the readers' re-checks of young folders.
+        """
+        parts = self._parts(folder)
+        current: list[str] = [self.root_folder_id]
+        created_parent = False
+        for depth, name in enumerate(parts):
+            key = tuple(parts[: depth + 1])
+            with self._lock:
+                cached = self._folders.get(key)
+            if cached is not None and not created_parent:
+                current, created_parent = cached[0], False
+                continue
+            found = [] if created_parent else [e for pid in current for e in self._find_folders(pid, name)]
+            created_parent = not found
+            if not found:
+                body = {"name": name, "mimeType": FOLDER_MIME, "parents": [current[0]]}
+                with self._root_guard(current[0]):
+                    raw = self._call(
+                        lambda body=body: self.service.files().create(**_ALL_DRIVES, body=body, fields=_FILE_FIELDS)
+                    )
+                found = [_entry(raw)]
+                self._note_epoch(found[0].ctime)
+            found.sort(key=lambda e: (e.ctime, e.id))
+            self._remember_folders(key, found)
+            current = [e.id for e in found]
+
+    def _note_epoch(self, server_time: float) -> None:
+        with self._lock:
+            if self._epoch is None and server_time > 0:
+                self._epoch = server_time
+
+    def _fresh_since_epoch(self, folder_parts: list[str]) -> bool:
+        """True if every folder at ``folder_parts`` was created after this process first wrote (Drive's clock)."""
+        with self._lock:
+            oldest = self._oldest_ctime.get(tuple(folder_parts))
+            return self._epoch is not None and oldest is not None and oldest > self._epoch
 
     def _find_folders(self, parent: str, name: str) -> list[_Entry]:
         q = f"{_quote(parent)} in parents and name = {_quote(name)} and mimeType = '{FOLDER_MIME}' and trashed = false"
@@ -398,6 +475,7 @@ class DriveStorage:
     def _create_folder(self, parent: str, name: str) -> _Entry:
         body = {"name": name, "mimeType": FOLDER_MIME, "parents": [parent]}
         created = _entry(self._call(lambda: self.service.files().create(**_ALL_DRIVES, body=body, fields=_FILE_FIELDS)))
+        self._note_epoch(created.ctime)
         # Another node may have created the same folder meanwhile: settle on the oldest one we can see.
         seen = self._find_folders(parent, name)
         return min(seen + [created], key=lambda e: (e.ctime, e.id))
@@ -447,7 +525,7 @@ class DriveStorage:
         entries = self._children_all(self._parts(folder)).values()
         return sorted(
             (
-                FileInfo(e.name, e.size, e.mtime, e.is_dir)
+                FileInfo(e.name, e.size, e.mtime, e.is_dir, e.md5)
                 for e in entries
                 if include_hidden or not is_temporary(e.name)
             ),
@@ -566,7 +644,10 @@ class DriveStorage:
         data = bytes(data)
         with self._lock:
             own = self._own_by_path.get(path)
-        existing = own if own is not None else self._own_file(parts)
+        if own is None and self._folder_ids(parts[:-1]) and self._fresh_since_epoch(parts[:-1]):
+            existing = None  # a folder younger than this process's first write holds no earlier process's file
+        else:
+            existing = own if own is not None else self._own_file(parts)
 
         files = self.service.files()
         if existing is None:
@@ -585,6 +666,7 @@ class DriveStorage:
             )
         self._count("bytes_up", len(data))
         entry = dataclasses.replace(_entry(raw), parent=folder_id)
+        self._note_epoch(entry.mtime)
         with self._lock:
             self._own[(folder_id, name)] = entry
             self._own_by_path[path] = entry
@@ -757,6 +839,7 @@ class DriveStorage:
             parent_ids = parent[0] if parent else [self.root_folder_id] if len(key) == 1 else []
             for k in gone:
                 del self._folders[k]
+                self._oldest_ctime.pop(k, None)
             for folder_id in ids.union(parent_ids):  # the parent's listing still shows the folder
                 self._listing.pop(folder_id, None)
                 self._listed_at.pop(folder_id, None)

@@ -191,6 +191,15 @@ def entry_mtime(entry: dict[str, Any]) -> float:
     return 0.0
 
 
+def _version(entry: dict[str, Any]) -> str | None:
+    """An object store's ETag (or a filesystem's checksum) of a listed entry, where it reports one."""
+    for key in ("ETag", "etag", "md5Hash", "md5", "checksum"):
+        value = entry.get(key)
+        if value:
+            return str(value)
+    return None
+
+
 def _to_epoch(value: object) -> float:
     if isinstance(value, bool) or value is None:
         return 0.0
@@ -338,7 +347,7 @@ class FsspecStorage:
             is_dir = entry.get("type") == "directory"
             size = 0 if is_dir else int(entry.get("size") or 0)
             if name not in out or not is_dir:  # a key and a "folder" of one name: the file wins
-                out[name] = FileInfo(name, size, entry_mtime(entry), is_dir)
+                out[name] = FileInfo(name, size, entry_mtime(entry), is_dir, _version(entry))
         return [out[name] for name in sorted(out)]
 
     # -- writes ----------------------------------------------------------------------------
@@ -366,6 +375,12 @@ class FsspecStorage:
             except Exception:  # cleanup is best effort; the original error is what matters
                 logger.debug("could not remove temporary %s", tmp, exc_info=True)
             raise
+
+    def make_dirs(self, folder: str) -> None:
+        """Create ``folder`` and its missing parents (a no-op on stores without folders)."""
+        full = self._full(folder)
+        self._retry(lambda: self.fs.makedirs(full, exist_ok=True))
+        self._invalidate(full)
 
     def append_bytes(self, path: str, data: bytes) -> None:
         full, data = self._full(path), bytes(data)

@@ -256,6 +256,31 @@ class LocalStorage:
         except LinkRefusedError as exc:
             _warn_once(exc.link, "%s: not deleted: %s is a symbolic link (never followed)", target.rel, exc.link)
 
+    def make_dirs(self, folder: str) -> None:
+        """Create ``folder`` and its missing parents, never following a link. Unlike a writer's own path, nothing
+        in the way is cleared: a file or link where a folder belongs raises (NotADirectoryError, LinkRefusedError)."""
+        self._retry(self._mkdirs, self._path(folder))
+
+    @staticmethod
+    def _mkdirs(target: RootedPath) -> None:
+        fd = _open_root(target.storage_root, True)
+        try:
+            for depth, name in enumerate(target.inner):
+                try:
+                    child = os.open(name, _DIR, dir_fd=fd)
+                except FileNotFoundError:
+                    with contextlib.suppress(FileExistsError):  # a racing creator
+                        os.mkdir(name, 0o755, dir_fd=fd)
+                    child = os.open(name, _DIR, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.EMLINK) or _lkind(fd, name) == "a symbolic link":
+                        raise LinkRefusedError(target.rel, "/".join(target.inner[: depth + 1])) from None
+                    raise
+                os.close(fd)
+                fd = child
+        finally:
+            os.close(fd)
+
     def remove_empty_dir(self, folder: str) -> bool:
         return self._retry(self._rmdir, self._path(folder))
 
@@ -357,7 +382,7 @@ def _entries(fd: int, include_hidden: bool) -> list[FileInfo]:
                 st = entry.stat(follow_symlinks=False)  # relative to fd: before fd is closed
             except FileNotFoundError:  # removed between scandir and stat
                 continue
-            out.append(FileInfo(entry.name, st.st_size, st.st_mtime, stat.S_ISDIR(st.st_mode)))
+            out.append(FileInfo(entry.name, st.st_size, st.st_mtime, stat.S_ISDIR(st.st_mode), str(st.st_ino)))
     return out
 
 

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from swarm_gdrive.storage.base import FileInfo, FileTooLargeError, Storage, StorageError
+from swarm_gdrive.protocol.exchange import listing_key
+from swarm_gdrive.storage.base import FileInfo, FileTooLargeError, Storage, StorageError, make_dirs
 
 TEMPORARY_NAMES = [".x.json.abc123.tmp", ".hidden", "~lock", "y.tmp", "z.partial", "w.part"]
 if TYPE_CHECKING:
@@ -328,3 +329,28 @@ def test_paths_escaping_the_root_raise_value_error(storage: Storage) -> None:
     assert storage.read_bytes("ok.json") == b"1"
     with pytest.raises(FileNotFoundError):
         storage.read_bytes("moved.json")
+
+
+# -- what the coordinator's economy relies on (issue #16) --------------------------------------------------
+
+
+def test_make_dirs_creates_a_folder_ahead_of_writes_once(backend: Backend) -> None:
+    storage, other = backend.storage, backend.reopen()
+    assert make_dirs(storage, "rewards/round_1/stage_0") is True
+    make_dirs(storage, "rewards/round_1/stage_0")  # again: nothing changes, nothing fails
+    if backend.real_dirs:
+        assert [(e.name, e.is_dir) for e in other.list("rewards/round_1")] == [("stage_0", True)]
+    other.write_bytes("rewards/round_1/stage_0/w1.json", b"1")  # another node writes into it
+    assert names(storage.list("rewards/round_1/stage_0")) == ["w1.json"]
+    if backend.real_dirs:
+        assert [e.name for e in storage.list("rewards") if e.is_dir] == ["round_1"], "no duplicate folder"
+
+
+def test_a_rewrite_of_the_same_size_changes_the_listing_key(backend: Backend) -> None:
+    """A reader reuses what it read while (size, mtime, version) is unchanged: every rewrite must change it."""
+    storage, other = backend.storage, backend.reopen()
+    storage.write_bytes("state/current_state.json", b'{"round": 1}')
+    first = listing_key(by_name(other.list("state"))["current_state.json"])
+    storage.write_bytes("state/current_state.json", b'{"round": 2}')
+    second = listing_key(by_name(other.list("state"))["current_state.json"])
+    assert first != second

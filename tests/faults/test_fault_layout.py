@@ -68,7 +68,9 @@ def test_links_planted_at_every_level_are_never_followed_and_the_swarm_goes_on(t
     links = {
         f"{LAYOUT.root}/logs/w1": outside,  # a log folder: w1's metrics and events would land outside
         LAYOUT.events_file("w2"): outside / "secret.json",  # a log file itself: appended to, outside
-        LAYOUT.rollouts_round_dir(1): outside,  # a round folder: every worker's rollouts of round 1
+        # Round folders the coordinator has not made yet (it makes round R + 1's when R opens, rounds 0 and 1 at its
+        # start); it refuses the links, and each writer replaces them in its own path.
+        LAYOUT.rollouts_round_dir(2): outside,  # a round folder: every worker's rollouts of round 2
         LAYOUT.rewards_dir + "/round_2": tmp_path / "nowhere",  # a dangling link: would be created outside
     }
     try:
@@ -107,9 +109,9 @@ def test_a_writer_whose_own_path_is_blocked_clears_it_and_cleanup_tolerates_type
     swarm = Swarm(folder, env, WORKERS)
     planted: set[str] = set()
     watcher = Watcher(folder, planted)
-    blocked = {
-        LAYOUT.rewards_dir + "/round_1": "a file",  # where every worker's reward folder of round 1 belongs
-        LAYOUT.rollouts_round_dir(2): "a file",  # where every worker publishes in round 2
+    blocked = {  # round folders the coordinator has not made yet (rounds 0 and 1 exist from its start)
+        LAYOUT.rewards_dir + "/round_2": "a file",  # where every worker's reward folder of round 2 belongs
+        LAYOUT.rollouts_round_dir(3): "a file",  # where every worker publishes in round 3
         LAYOUT.peer_file("w2"): "a folder",  # w2's own peer file: a folder with a file in it
         LAYOUT.metrics_file("w1"): "a folder",  # w1's own log
         LAYOUT.rollouts_stage_dir(0, 7): "a file",  # inside round 0, which cleanup prunes: a file, not a folder

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from swarm_gdrive.storage import drive as drive_module
 from swarm_gdrive.storage.base import FileTooLargeError
 from swarm_gdrive.storage.drive import DriveAuthError, DriveError, DriveStorage, find_credentials, parse_drive_url
 
@@ -219,3 +220,55 @@ def test_each_thread_has_its_own_connection_and_an_unknown_transport_shares_one_
     assert other and other[0] is not mine and other[0].credentials is mine.credentials
     shared = DriveStorage(emu.root_id, "swarm", service=emu.service(), http_factory=lambda: None)
     assert shared._http() is None and shared.read_bytes("t/b.json") == b"2"  # through the client's connection
+
+
+def test_folders_made_ahead_cost_one_request_a_level_and_a_write_into_them_one_request(emu):
+    coordinator, worker = storage_for(emu), storage_for(emu)
+    coordinator.write_bytes("exp/state.json", b"{}")  # both processes have written before the round exists
+    worker.write_bytes("exp/peers/w1.json", b"{}")
+    before = calls(emu)
+    coordinator.make_dirs("exp/rewards/round_3/stage_0")
+    made = emu.requests[before:]
+    # rewards: a lookup and a create; round_3 and stage_0, under folders it has just made: a create each
+    assert [m for m, _ in made].count("POST") == 3 and len(made) == 4
+    before = calls(emu)
+    coordinator.make_dirs("exp/rewards/round_4/stage_0")  # the next round: rewards is known
+    assert [m for m, _ in emu.requests[before:]] == ["GET", "POST", "POST"]
+    before = calls(emu)
+    worker.write_bytes("exp/rewards/round_3/stage_0/w1.json", b'{"r": 1}')
+    wrote = emu.requests[before:]
+    # rewards, round_3 and stage_0 looked up (made by another node), then one create: no lookup of an earlier
+    # w1.json, since these folders are younger than this process's first write
+    assert [m for m, _ in wrote].count("POST") == 1 and len(wrote) == 4
+    assert coordinator.read_bytes("exp/rewards/round_3/stage_0/w1.json") == b'{"r": 1}'
+    before = calls(emu)
+    coordinator.make_dirs("exp/rewards/round_3/stage_0")
+    assert calls(emu) == before, "folders it made are known: nothing is asked again"
+
+
+def test_a_first_write_into_an_older_folder_still_finds_the_file_an_earlier_process_left(emu):
+    earlier = storage_for(emu)
+    earlier.write_bytes("exp/rewards/round_0/stage_0/w1.json", b"old")
+    later = storage_for(emu)  # a restarted node: the folder is older than its first write
+    later.write_bytes("exp/peers/w1.json", b"{}")
+    later.write_bytes("exp/rewards/round_0/stage_0/w1.json", b"new")
+    named = [f for f in emu.files() if f["name"] == "w1.json" and not f.get("trashed")]
+    assert len(named) == 2  # the peer file and one reward file: updated in place, not duplicated
+    assert storage_for(emu).read_bytes("exp/rewards/round_0/stage_0/w1.json") == b"new"
+
+
+def test_a_young_folder_is_looked_up_again_less_often_as_it_ages(monkeypatch, emu):
+    storage = storage_for(emu)
+    storage.write_bytes("exp/r/f.json", b"{}")
+    now = [time.time()]
+    mono = [time.monotonic()]
+    monkeypatch.setattr(drive_module.time, "time", lambda: now[0])
+    monkeypatch.setattr(drive_module.time, "monotonic", lambda: mono[0])
+    created = now[0]
+    # at age 1 s a resolution older than RECHECK_YOUNG_S (2 s) is stale; at age 60 s only one older than 30 s
+    assert storage._expired(mono[0] - 2.5, created - 1.0)
+    assert not storage._expired(mono[0] - 2.5, created - 60.0)
+    assert storage._expired(mono[0] - 31.0, created - 60.0)
+    # past YOUNG_FOLDER_S the cache's TTL applies
+    assert not storage._expired(mono[0] - 31.0, created - 3600.0)
+    assert storage._expired(mono[0] - 61.0, created - 3600.0)

@@ -1,0 +1,83 @@
+"""Brisk pickup (issue #16): polls bunch around the moment the next round is expected, and back off elsewhere."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+from swarm_gdrive.protocol.polling import BRISK_FRACTION, Backoff, Pacer, RoundClock, wait_for
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_round_clock_expects_the_median_round_length_after_the_last_opening():
+    rounds = RoundClock(history=3)
+    assert rounds.next_open() is None
+    rounds.opened(0, 10.0)
+    assert rounds.next_open() is None, "one opening says nothing about a round's length"
+    for round_, at in [(1, 14.0), (2, 17.0), (3, 21.0)]:
+        rounds.opened(round_, at)
+    assert rounds.length() == 4.0  # spans 4, 3, 4
+    at, window = rounds.next_open()
+    assert at == 25.0 and window == pytest.approx(0.2)
+    rounds.opened(3, 99.0)  # seen again: the first sighting stands
+    assert rounds.next_open()[0] == 25.0
+    rounds.opened(6, 40.0)  # rounds skipped: a span over several rounds is not a round's length
+    assert rounds.length() == 4.0
+
+
+def test_the_pacer_sleeps_to_the_window_polls_briskly_in_it_and_backs_off_after():
+    clock = Clock()
+    pacer = Pacer(Backoff(0.5, 10.0, rng=random.Random(0)), brisk=0.1, clock=clock)
+    pacer.expect(5.0, 0.25)
+    delays = []
+    while clock.now < 8.0:
+        delay = pacer.next()
+        delays.append((clock.now, delay))
+        clock.now += delay
+    before = [d for t, d in delays if t < 4.75]
+    inside = [d for t, d in delays if 4.75 <= t <= 5.25]
+    after = [d for t, d in delays if t > 5.25]
+    assert len(before) <= 5, "before the window: the backoff's few polls"
+    assert any(abs(t - 4.75) < 1e-9 for t, _ in delays), "the first brisk poll lands on the window's start"
+    assert inside and all(d == 0.1 for d in inside)
+    assert after[0] == pytest.approx(0.1) and after[-1] > 0.5, "after the window it backs off again from brisk"
+
+
+def test_without_an_expected_moment_the_pacer_is_the_backoff():
+    a = Pacer(Backoff(0.5, 10.0, rng=random.Random(1)), brisk=0.1, clock=Clock())
+    b = Backoff(0.5, 10.0, rng=random.Random(1))
+    assert [a.next() for _ in range(8)] == [b.next() for _ in range(8)]
+
+
+def test_a_worker_that_waits_for_the_next_round_picks_it_up_within_a_brisk_poll_of_the_expected_moment():
+    """wait_for with a pacer: the event at the expected moment is seen within brisk + a check; the plain backoff
+    from the same start, at that point past 1.6**k x 0.5 s, would see it later."""
+    clock = Clock()
+    opened_at = 3.0
+    brisk = 0.5 * BRISK_FRACTION
+
+    def check():
+        return True if clock.now >= opened_at else None
+
+    class Waiting(threading.Event):
+        def wait(self, timeout=None):  # time passes instead of sleeping
+            clock.now += timeout
+            return False
+
+    waiting = Waiting()
+    pacer = Pacer(Backoff(0.5, 10.0, rng=random.Random(2)), brisk, clock)
+    pacer.expect(opened_at, 0.15)
+    assert wait_for(check, waiting, 60.0, pacer, clock) is True
+    assert clock.now - opened_at <= brisk + 1e-9
+    clock.now = 0.0
+    assert wait_for(check, waiting, 60.0, Backoff(0.5, 10.0, rng=random.Random(2)), clock) is True
+    assert clock.now - opened_at > brisk
