@@ -27,6 +27,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -46,7 +47,7 @@ from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.protocol.worker import Worker
 from swarm_gdrive.protocol.workload import StageContext, SyntheticWorkload
 from swarm_gdrive.storage import DEFAULT_MAX_READ_BYTES, FileInfo, LocalStorage, Storage
-from swarm_gdrive.storage.base import make_dirs
+from swarm_gdrive.storage.base import make_dirs, prefetch_folders
 
 TESTS_DIR = Path(__file__).resolve().parent.parent / "tests"
 
@@ -116,6 +117,9 @@ class CountingStorage:
 
     def make_dirs(self, folder: str) -> None:
         self._run("mkdir", folder, lambda: make_dirs(self.inner, folder))
+
+    def prefetch_folders(self, folders: list[str]) -> None:
+        self._run("prefetch", folders[0] if folders else "", lambda: prefetch_folders(self.inner, folders))
 
     def move(self, src: str, dst: str) -> None:
         self._run("move", src, lambda: self.inner.move(src, dst))
@@ -250,6 +254,7 @@ def run_swarm(spec: RunSpec, folder: Path, emulator: Any = None, timeout_s: floa
         for role, node in roles
     ]
     requests_before = len(emulator.requests) if emulator is not None else 0
+    cpu_before = time.process_time()
     started = time.monotonic()
     for node in nodes:
         node.start()
@@ -262,10 +267,15 @@ def run_swarm(spec: RunSpec, folder: Path, emulator: Any = None, timeout_s: floa
     for node in nodes:
         node.join(30)
     wall = time.monotonic() - started
+    cpu = time.process_time() - cpu_before
     result = analyse(spec, layout, nodes[0], nodes[1:])
     result.update(
         {
             "wall_s": wall,
+            # Every node and the emulator are threads of this process: near 1, the machine's cores, not the
+            # protocol, set how long a round takes.
+            "cpu_s": cpu,
+            "cpu_share": cpu / (wall * len(os.sched_getaffinity(0))) if wall > 0 else None,
             "timed_out": timed_out,
             "exit_codes": {n.config.node_id: n.code for n in nodes if n.code != 0},
             "errors": {n.config.node_id: n.error for n in nodes if n.error},
@@ -417,6 +427,7 @@ GROWTH_METRICS = {
     "worker bytes read/round": lambda r: r["worker_per_round"]["bytes_read"],
     "worker API calls/round": lambda r: r["worker_per_round"]["api_calls"],
     "coordinator calls/round": lambda r: r["coordinator_per_round"].get("calls"),
+    "coordinator API calls/round": lambda r: r["coordinator_per_round"].get("api_calls"),
 }
 
 
@@ -457,14 +468,16 @@ def render(result: dict[str, Any]) -> str:
             r["worker_per_round"]["bytes_written"],
             r["worker_per_round"]["api_calls"] if r["spec"]["backend"] == "drive" else None,
             r["coordinator_per_round"].get("calls"),
+            r["coordinator_per_round"].get("api_calls") if r["spec"]["backend"] == "drive" else None,
             r["wall_s"],
+            r.get("cpu_share"),
         ]
         for r in runs
     ]
     header = [
         "backend", "poll", "J", "N", "all done", "overhead med (s)", "overhead max (s)", "coord (s)", "pickup (s)",
         "worker calls/round", "bytes read/round", "bytes written/round", "worker API calls/round",
-        "coord calls/round", "wall (s)",
+        "coord calls/round", "coord API calls/round", "wall (s)", "CPU busy (share of cores)",
     ]  # fmt: skip
     slopes = [
         [g["backend"], g["poll"], g["transplant"], ",".join(map(str, g["workers"])), *g["slope_vs_n"].values()]

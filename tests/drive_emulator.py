@@ -24,7 +24,9 @@ server errors come as Drive's JSON errors (``fail_next``); connections can drop 
 ``size`` is a decimal string as in the real API; ``fields`` selects what a response holds, so a
 list asked for ``files(id)`` only gets no ``nextPageToken``; a query parameter that the method
 does not declare is refused with 400 like Google does; files.list without ``trashed = false``
-includes trashed files. Simplifications: the default list order (no ``orderBy``) is createdTime
+includes trashed files. ``q`` supports ``'id' in parents``, ``name =``, ``mimeType =``/``!=``,
+``trashed =`` joined with ``and``, and one level of parenthesised ``or`` groups of those (Drive's query
+language has more: ``contains``, ``not``, dates, nesting; they answer 400 here). Simplifications: the default list order (no ``orderBy``) is createdTime
 then id (Drive promises no order); ``orderBy`` supports the keys createdTime, modifiedTime, name
 and folder, each optionally ``desc``; page tokens are offsets, so a listing that changes between
 pages may skip or repeat entries; non-final resumable chunks need not be multiples of 256 KiB;
@@ -309,7 +311,7 @@ def select_fields(value: Any, tree: dict | None) -> Any:
 
 # ---------------------------------------------------------------------------------------- query (q)
 
-_Q_TOKEN = re.compile(r"\s*(?:(?P<str>'(?:[^'\\]|\\.)*')|(?P<op>!=|=)|(?P<word>[A-Za-z_]+))")
+_Q_TOKEN = re.compile(r"\s*(?:(?P<str>'(?:[^'\\]|\\.)*')|(?P<op>!=|=)|(?P<word>[A-Za-z_]+)|(?P<paren>[()]))")
 Predicate = Callable[[dict], bool]
 
 
@@ -329,14 +331,42 @@ def _tokenize_query(q: str) -> list[tuple[str, str]]:
 
 
 def parse_query(q: str, resolve_id: Callable[[str], str]) -> list[Predicate]:
-    """Parse the supported ``q`` forms joined with ``and`` into predicates over file resources."""
+    """Parse the supported ``q`` forms joined with ``and`` into predicates over file resources; a term may be a
+    parenthesised group of supported forms joined with ``or`` (``('a' in parents or 'b' in parents)``), as Drive's
+    query language allows. Nothing deeper: no ``not``, no nested groups, no ``or`` outside parentheses."""
     clauses: list[list[tuple[str, str]]] = [[]]
+    depth = 0
     for token in _tokenize_query(q):
-        if token[0] == "word" and token[1].lower() == "and":
+        if token[0] == "paren":
+            depth += 1 if token[1] == "(" else -1
+            if depth not in (0, 1):
+                raise _invalid("Invalid Value", "q")
+            clauses[-1].append(token)
+        elif token[0] == "word" and token[1].lower() == "and" and depth == 0:
             clauses.append([])
         else:
             clauses[-1].append(token)
-    return [_clause(clause, resolve_id) for clause in clauses]
+    if depth:
+        raise _invalid("Invalid Value", "q")
+    return [_group(clause, resolve_id) for clause in clauses]
+
+
+def _group(clause: list[tuple[str, str]], resolve_id: Callable[[str], str]) -> Predicate:
+    """A term: one supported form, or ``( form or form ... )``."""
+    if not clause or clause[0] != ("paren", "("):
+        return _clause(clause, resolve_id)
+    if clause[-1] != ("paren", ")"):
+        raise _invalid("Invalid Value", "q")
+    alternatives: list[list[tuple[str, str]]] = [[]]
+    for token in clause[1:-1]:
+        if token[0] == "word" and token[1].lower() == "or":
+            alternatives.append([])
+        elif token[0] == "paren" or (token[0] == "word" and token[1].lower() == "and"):
+            raise _invalid("Invalid Value", "q")  # a group holds simple forms joined with or
+        else:
+            alternatives[-1].append(token)
+    predicates = [_clause(alternative, resolve_id) for alternative in alternatives]
+    return lambda res: any(p(res) for p in predicates)
 
 
 def _clause(clause: list[tuple[str, str]], resolve_id: Callable[[str], str]) -> Predicate:

@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between the coordinator's "waiting for workers" lines while round 0 has not opened.
 WAITING_REPORT_SECONDS = 30.0
+#: Rounds past the open one whose folders the coordinator has already made.
+ROUNDS_AHEAD = 2
 
 
 class ExperimentMismatchError(RuntimeError):
@@ -462,11 +464,12 @@ class Coordinator:
                 self.stop.wait(max(timeout, 0.01))
 
     def prepare_rounds(self, state: StateRecord) -> None:
-        """Create the folders of the state's round and the next one before workers write into them: one creator,
-        so no duplicate round folders, and on Drive a worker's first write into a round is one request."""
+        """Create the folders of the state's round and the next two before workers write into them: one creator,
+        so no duplicate round folders; a round's folders are a round old when it opens, so readers on Drive
+        look them up again less often (young folders are re-checked after half their age)."""
         if state.status == "finished":
             return
-        rounds = [r for r in (state.round, state.round + 1) if r < state.max_rounds]
+        rounds = [r for r in range(state.round, state.round + ROUNDS_AHEAD + 1) if r < state.max_rounds]
         for round_ in rounds:
             self.exchange.prepare_round(round_, state.num_stages)
 

@@ -32,7 +32,13 @@ from swarm_gdrive.protocol.records import (
     encode,
 )
 from swarm_gdrive.storage import FileInfo, FileTooLargeError, Storage
-from swarm_gdrive.storage.base import NotRegularFileError, StorageUnavailableError, is_temp_of, make_dirs
+from swarm_gdrive.storage.base import (
+    NotRegularFileError,
+    StorageUnavailableError,
+    is_temp_of,
+    make_dirs,
+    prefetch_folders,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -398,6 +404,19 @@ class Exchange:
             logger.warning("round %d's folders not created ahead: the store is unavailable (%s)", round_, exc)
             return
         self._prepared.add(round_)
+
+    def prefetch_round(self, round_: int, stages: int) -> None:
+        """Let the backend resolve the round's rewards and rollouts folders together (a worker, as a round starts:
+        on Drive two queries for both trees instead of two each). Best effort: a failure only loses the gain."""
+        folders = [
+            folder
+            for stage in range(stages)
+            for folder in (self.layout.rollouts_stage_dir(round_, stage), self.layout.rewards_stage_dir(round_, stage))
+        ]
+        try:
+            prefetch_folders(self.storage, folders)
+        except OSError as exc:
+            logger.info("round %d's folders not looked up ahead (%s); each write looks them up", round_, exc)
 
     # -- rewards ---------------------------------------------------------------------------
 

@@ -96,22 +96,25 @@ class RoundClock:
             return
         self._opened = [*self._opened, (round_, at)][-(self.history + 1) :]
 
+    def _spans(self) -> list[float]:
+        pairs = zip(self._opened, self._opened[1:], strict=False)
+        return sorted(b[1] - a[1] for a, b in pairs if b[0] == a[0] + 1 and b[1] > a[1])
+
     def length(self) -> float | None:
         """The median length of the last rounds that followed one another, or None before two were seen."""
-        spans = sorted(
-            (b[1] - a[1])
-            for a, b in zip(self._opened, self._opened[1:], strict=False)
-            if b[0] == a[0] + 1 and b[1] > a[1]
-        )
+        spans = self._spans()
         return spans[len(spans) // 2] if spans else None
 
     def next_open(self) -> tuple[float, float] | None:
         """(expected moment, window) of the next round's opening, or None while there is nothing to go on. The
-        window is a twentieth of a round either side."""
-        length = self.length()
-        if length is None or not self._opened:
+        window, either side, is how much the last rounds' lengths varied (their range), at least a twentieth of
+        a round; a tenth while only one length is known."""
+        spans = self._spans()
+        if not spans:
             return None
-        return self._opened[-1][1] + length, 0.05 * length
+        length = spans[len(spans) // 2]
+        window = max(0.05 * length, spans[-1] - spans[0]) if len(spans) > 1 else 0.1 * length
+        return self._opened[-1][1] + length, window
 
 
 def wait_for(

@@ -299,6 +299,7 @@ class Worker:
         if self.config.eval_interval and round_ % self.config.eval_interval == 0:
             self.evaluate(round_, state.run_id)
         buffered: list[RolloutBatch] = []
+        self.exchange.prefetch_round(round_, state.num_stages)
         for stage in range(state.num_stages):
             ctx = StageContext(self.node_id, round_, stage, self.config.seed)
             self._stage(ctx, state, buffered)

@@ -145,6 +145,14 @@ class Storage(Protocol):
         ...
 
 
+def prefetch_folders(storage: Storage, folders: list[str]) -> None:
+    """Let the backend resolve several folders it is about to use in one go, where it can (its
+    ``prefetch_folders``: Drive looks up same-named levels of several paths in one query). Optional."""
+    prefetch = getattr(storage, "prefetch_folders", None)
+    if prefetch is not None:
+        prefetch(folders)
+
+
 def make_dirs(storage: Storage, folder: str) -> bool:
     """Create ``folder`` ahead of the writes into it, where the backend can (its ``make_dirs``); False where it
     cannot. Optional: every write creates its own folders anyway; a backend gains from it when creating a folder

@@ -457,6 +457,66 @@ class DriveStorage:
             self._remember_folders(key, found)
             current = [e.id for e in found]
 
+    def prefetch_folders(self, folders: list[str]) -> None:
+        """Resolve several folder paths at once, level by level: a level the paths share by name under different
+        parents (``round_5`` under ``rewards/`` and ``rollouts/``) is one query for all of them
+        (``('a' in parents or 'b' in parents)``). Missing folders are left missing (writers create them);
+        what is cached and fresh costs nothing."""
+        pending = [self._parts(folder) for folder in folders]
+        depth = 0
+        with self._resolving:
+            while pending:
+                todo: dict[str, list[tuple[list[str], list[str]]]] = {}
+                resolved: list[list[str]] = []
+                for parts in pending:
+                    if depth >= len(parts):
+                        continue
+                    with self._lock:
+                        cached = self._folders.get(tuple(parts[: depth + 1]))
+                        parent = self._folders.get(tuple(parts[:depth])) if depth else None
+                    if cached is not None and not self._expired(*cached[1:]):
+                        resolved.append(parts)
+                        continue
+                    parent_ids = parent[0] if parent is not None else [self.root_folder_id]
+                    todo.setdefault(parts[depth], []).append((parts, parent_ids))
+                for name, items in todo.items():
+                    found = self._find_folders_under(sorted({p for _, ids in items for p in ids}), name)
+                    for parts, ids in items:
+                        mine = sorted((e for e in found if e.parent in ids), key=lambda e: (e.ctime, e.id))
+                        if mine:
+                            self._remember_folders(tuple(parts[: depth + 1]), mine)
+                            resolved.append(parts)
+                pending = resolved
+                depth += 1
+
+    def _find_folders_under(self, parents: list[str], name: str) -> list[_Entry]:
+        """Folders named ``name`` in any of ``parents`` (one query), each with the parent it was found in."""
+        if len(parents) == 1:
+            return [dataclasses.replace(e, parent=parents[0]) for e in self._find_folders(parents[0], name)]
+        within = " or ".join(f"{_quote(p)} in parents" for p in parents)
+        q = f"({within}) and name = {_quote(name)} and mimeType = '{FOLDER_MIME}' and trashed = false"
+        out: list[_Entry] = []
+        token = None
+        wanted = set(parents)
+        while True:
+            page = self._call(
+                lambda token=token: self.service.files().list(
+                    q=q,
+                    pageSize=1000,
+                    pageToken=token,
+                    fields=f"nextPageToken,files({_FILE_FIELDS},parents)",
+                    spaces="drive",
+                    **_LIST_ALL_DRIVES,
+                )
+            )
+            for raw in page.get("files", []):
+                parent = next((p for p in raw.get("parents", []) if p in wanted), None)
+                if parent is not None:
+                    out.append(dataclasses.replace(_entry(raw), parent=parent))
+            token = page.get("nextPageToken")
+            if not token:
+                return out
+
     def _note_epoch(self, server_time: float) -> None:
         with self._lock:
             if self._epoch is None and server_time > 0:

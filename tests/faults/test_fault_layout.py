@@ -61,17 +61,17 @@ def test_links_planted_at_every_level_are_never_followed_and_the_swarm_goes_on(t
     folder.mkdir()
     (outside / "round_1" / "stage_0").mkdir(parents=True)
     (outside / "secret.json").write_bytes(b"the attacker's target")
-    swarm = Swarm(folder, swarm_env(folder, MAX_ROUNDS=3, MIN_WORKERS=2), WORKERS)
+    swarm = Swarm(folder, swarm_env(folder, MAX_ROUNDS=4, MIN_WORKERS=2), WORKERS)
     before = snapshot(tmp_path / "outside")
     planted: set[str] = set()
     watcher = Watcher(folder, planted)
     links = {
         f"{LAYOUT.root}/logs/w1": outside,  # a log folder: w1's metrics and events would land outside
         LAYOUT.events_file("w2"): outside / "secret.json",  # a log file itself: appended to, outside
-        # Round folders the coordinator has not made yet (it makes round R + 1's when R opens, rounds 0 and 1 at its
+        # Round folders the coordinator has not made yet (it makes round R + 2's when R opens, rounds 0 to 2 at its
         # start); it refuses the links, and each writer replaces them in its own path.
-        LAYOUT.rollouts_round_dir(2): outside,  # a round folder: every worker's rollouts of round 2
-        LAYOUT.rewards_dir + "/round_2": tmp_path / "nowhere",  # a dangling link: would be created outside
+        LAYOUT.rollouts_round_dir(3): outside,  # a round folder: every worker's rollouts of round 3
+        LAYOUT.rewards_dir + "/round_3": tmp_path / "nowhere",  # a dangling link: would be created outside
     }
     try:
         start_coordinator(swarm, folder)
@@ -92,10 +92,10 @@ def test_links_planted_at_every_level_are_never_followed_and_the_swarm_goes_on(t
     assert not (tmp_path / "nowhere").exists()
     assert not links_under(folder), links_under(folder)  # each writer replaced the link in its own path
     watcher.assert_clean()
-    assert_swarm_finished(folder, 3)
+    assert_swarm_finished(folder, 4)
     assert not leftovers(folder)
     for w in WORKERS:
-        assert_every_round_submitted(folder, w, range(3))
+        assert_every_round_submitted(folder, w, range(4))
         assert events(folder, w) and metrics(folder, w)  # the logs are whole, inside the root
     removed = said(swarm, "removed a symbolic link")
     for rel, target in links.items():
@@ -109,8 +109,8 @@ def test_a_writer_whose_own_path_is_blocked_clears_it_and_cleanup_tolerates_type
     swarm = Swarm(folder, env, WORKERS)
     planted: set[str] = set()
     watcher = Watcher(folder, planted)
-    blocked = {  # round folders the coordinator has not made yet (rounds 0 and 1 exist from its start)
-        LAYOUT.rewards_dir + "/round_2": "a file",  # where every worker's reward folder of round 2 belongs
+    blocked = {  # round folders the coordinator has not made yet (rounds 0 to 2 exist from its start)
+        LAYOUT.rewards_dir + "/round_3": "a file",  # where every worker's reward folder of round 3 belongs
         LAYOUT.rollouts_round_dir(3): "a file",  # where every worker publishes in round 3
         LAYOUT.peer_file("w2"): "a folder",  # w2's own peer file: a folder with a file in it
         LAYOUT.metrics_file("w1"): "a folder",  # w1's own log

@@ -45,9 +45,12 @@ def test_coordination_benchmark_runs_and_reports_real_figures(tmp_path: Path) ->
         # J = 1: every worker submitted a reward and read other nodes' rollouts in the counted round.
         assert worker["by_kind"]["rewards"] >= 1 and worker["reads_by_kind"]["rollouts"] >= 1, run["name"]
         assert run["coordinator_per_round"]["calls"] > 0, run["name"]
+        assert 0 < run["cpu_share"] <= 1.05, run["name"]  # the harness's own load, reported beside the figures
         if backend == "drive":
             assert worker["api_calls"] > 0, run["name"]  # Drive requests behind the storage calls
             assert run["emulator_requests"] > 0
+            # Each request is charged to the storage call of the thread that made it: the breakdown adds up.
+            assert sum(worker["api_by_call"].values()) == pytest.approx(worker["api_calls"]), run["name"]
         else:
             assert worker["api_calls"] == 0 and "emulator_requests" not in run
         assert run["name"] in table

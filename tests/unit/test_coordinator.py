@@ -290,3 +290,50 @@ def test_a_reader_frees_the_batches_of_rounds_it_has_moved_past(tmp_path):
         first = reader.read_rollouts(round_, 0)["w1"]
         assert reader.read_rollouts(round_, 0)["w1"] is first  # within a round an unchanged file is not re-read
     assert len(reader._cache) == 1  # not one parsed batch per round of the run
+
+
+def test_the_coordinator_makes_the_round_folders_two_rounds_ahead_and_none_past_the_last(tmp_path):
+    c = Coordinator(
+        make_config(tmp_path, MAX_ROUNDS=3, NUM_STAGES=2), LocalStorage(tmp_path), "coord", threading.Event()
+    )
+    s = c.open_experiment()
+    c.prepare_rounds(s)
+    layout = Layout("exp")
+    for round_ in (0, 1, 2):
+        for stage in (0, 1):
+            assert (tmp_path / layout.rewards_stage_dir(round_, stage)).is_dir()
+            assert (tmp_path / layout.rollouts_stage_dir(round_, stage)).is_dir()
+    c.prepare_rounds(s.model_copy(update={"round": 2, "status": "running"}))
+    assert not (tmp_path / layout.rewards_dir / "round_3").exists(), "MAX_ROUNDS=3: rounds 0 to 2 only"
+
+
+def test_a_beating_worker_costs_a_listing_and_a_silent_one_is_read_again(tmp_path):
+    config = make_config(tmp_path, HEARTBEAT_INTERVAL=1)
+    c = Coordinator(config, LocalStorage(tmp_path), "coord", threading.Event())
+    s = c.open_experiment()
+    writer = Exchange(LocalStorage(tmp_path), Layout("exp"), "w1", s.run_id)
+
+    def beat(n: int, status: str = "alive") -> None:
+        writer.write_peer(
+            PeerRecord(
+                node_id="w1",
+                role="worker",
+                run_id=s.run_id,
+                registered_at=1.0,
+                heartbeat=n,
+                heartbeat_at=1.0,
+                status=status,
+            )
+        )
+
+    beat(1)
+    assert c.observe(0.0, every=False) == {"w1"}  # new: read once
+    reads = c.exchange.stats["reads"]
+    for n, now in [(2, 0.3), (3, 0.6), (4, 0.9)]:  # beats on: live from the listing alone
+        beat(n)
+        assert c.observe(now, every=False) == {"w1"}
+    assert c.exchange.stats["reads"] == reads
+    beat(5, status="stopped")
+    assert c.observe(1.0, every=False) == {"w1"}, "just changed: not read yet"
+    assert c.observe(2.1, every=False) == frozenset(), "silent for a heartbeat: read, and it said stopped"
+    assert c.exchange.stats["reads"] == reads + 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import urllib.parse
 
 import pytest
 
@@ -272,3 +273,29 @@ def test_a_young_folder_is_looked_up_again_less_often_as_it_ages(monkeypatch, em
     # past YOUNG_FOLDER_S the cache's TTL applies
     assert not storage._expired(mono[0] - 31.0, created - 3600.0)
     assert storage._expired(mono[0] - 61.0, created - 3600.0)
+
+
+def test_a_round_s_folders_in_both_trees_are_looked_up_together(emu):
+    coordinator, worker = storage_for(emu), storage_for(emu)
+    for tree in ("rewards", "rollouts"):
+        coordinator.make_dirs(f"exp/{tree}/round_2/stage_0")
+    worker.write_bytes("exp/peers/w1.json", b"{}")  # the worker has started before round 3's folders are made
+    worker.list("exp/rewards")
+    worker.list("exp/rollouts")
+    for tree in ("rewards", "rollouts"):
+        coordinator.make_dirs(f"exp/{tree}/round_3/stage_0")
+        coordinator.make_dirs(f"exp/{tree}/round_3/stage_1")
+    folders = [f"exp/{tree}/round_3/stage_{s}" for tree in ("rewards", "rollouts") for s in (0, 1)]
+    before = calls(emu)
+    worker.prefetch_folders(folders)
+    lookups = emu.requests[before:]
+    # round_3 under both trees in one query, then stage_0 and stage_1 under both round folders: one each
+    assert len(lookups) == 3 and all(m == "GET" and " or " in urllib.parse.unquote_plus(p) for m, p in lookups)
+    before = calls(emu)
+    for folder in folders:
+        worker.write_bytes(f"{folder}/w1.json", b"1")
+    assert [m for m, _ in emu.requests[before:]] == ["POST"] * 4, "each write is its create"
+    assert worker.list("exp/rollouts/round_3/stage_1")[0].name == "w1.json"
+    worker.prefetch_folders(["exp/rewards/round_9/stage_0"])  # not made yet: left to the writer
+    worker.write_bytes("exp/rewards/round_9/stage_0/w1.json", b"2")
+    assert coordinator.read_bytes("exp/rewards/round_9/stage_0/w1.json") == b"2"

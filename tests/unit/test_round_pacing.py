@@ -23,14 +23,19 @@ def test_the_round_clock_expects_the_median_round_length_after_the_last_opening(
     assert rounds.next_open() is None
     rounds.opened(0, 10.0)
     assert rounds.next_open() is None, "one opening says nothing about a round's length"
-    for round_, at in [(1, 14.0), (2, 17.0), (3, 21.0)]:
+    rounds.opened(1, 14.0)
+    assert rounds.next_open() == (18.0, pytest.approx(0.4)), "one length: a tenth of it either side"
+    for round_, at in [(2, 17.0), (3, 21.0)]:
         rounds.opened(round_, at)
     assert rounds.length() == 4.0  # spans 4, 3, 4
     at, window = rounds.next_open()
-    assert at == 25.0 and window == pytest.approx(0.2)
-    rounds.opened(3, 99.0)  # seen again: the first sighting stands
-    assert rounds.next_open()[0] == 25.0
-    rounds.opened(6, 40.0)  # rounds skipped: a span over several rounds is not a round's length
+    assert at == 25.0 and window == pytest.approx(1.0), "the window spans how much the lengths varied"
+    for round_, at in [(4, 25.0), (5, 29.0), (6, 33.0)]:
+        rounds.opened(round_, at)
+    assert rounds.next_open() == (37.0, pytest.approx(0.2)), "steady rounds: a twentieth of a round"
+    rounds.opened(6, 99.0)  # seen again: the first sighting stands
+    assert rounds.next_open()[0] == 37.0
+    rounds.opened(9, 50.0)  # rounds skipped: a span over several rounds is not a round's length
     assert rounds.length() == 4.0
 
 
