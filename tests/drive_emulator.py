@@ -28,8 +28,8 @@ includes trashed files. ``q`` supports ``'id' in parents``, ``name =``, ``mimeTy
 ``trashed =`` joined with ``and``, and one level of parenthesised ``or`` groups of those (Drive's query
 language has more: ``contains``, ``not``, dates, nesting; they answer 400 here). Simplifications: the
 default list order (no ``orderBy``) is createdTime then id (Drive promises no order); ``orderBy``
-supports the keys createdTime, modifiedTime, name and folder, each optionally ``desc``; page tokens are offsets, so a listing that changes between
-pages may skip or repeat entries; non-final resumable chunks need not be multiples of 256 KiB;
+supports the keys createdTime, modifiedTime, name and folder, each optionally ``desc``; page tokens
+are offsets, so a listing that changes between pages may skip or repeat entries; non-final resumable chunks need not be multiples of 256 KiB;
 metadata-only updates keep modifiedTime unless the request sets it; every change bumps
 ``version``.
 
