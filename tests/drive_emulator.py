@@ -18,20 +18,20 @@ unit tests check them against the bundled discovery document):
 - ``PUT`` on a resumable session URI (``...?uploadType=resumable&upload_id=...``, as Drive hands out)
 - the discovery document's ``/resumable/upload/drive/v3/files[/{fileId}]`` paths are served too
 
-Drive behaviour reproduced on purpose: names are not unique in a folder; files.list may lag
-behind a create (``list_lag_s``) while get by id does not; there is no If-Match; rate limits and
-server errors come as Drive's JSON errors (``fail_next``); connections can drop (``drop_next``);
-``size`` is a decimal string as in the real API; ``fields`` selects what a response holds, so a
-list asked for ``files(id)`` only gets no ``nextPageToken``; a query parameter that the method
-does not declare is refused with 400 like Google does; files.list without ``trashed = false``
-includes trashed files. ``q`` supports ``'id' in parents``, ``name =``, ``mimeType =``/``!=``,
-``trashed =`` joined with ``and``, and one level of parenthesised ``or`` groups of those (Drive's query
-language has more: ``contains``, ``not``, dates, nesting; they answer 400 here). Simplifications: the
-default list order (no ``orderBy``) is createdTime then id (Drive promises no order); ``orderBy``
-supports the keys createdTime, modifiedTime, name and folder, each optionally ``desc``; page tokens
-are offsets, so a listing that changes between pages may skip or repeat entries; non-final resumable chunks need not be multiples of 256 KiB;
-metadata-only updates keep modifiedTime unless the request sets it; every change bumps
-``version``.
+Drive behaviour reproduced on purpose: names are not unique in a folder; files.list may lag behind a
+create (``list_lag_s``) while get by id does not; there is no If-Match; rate limits and server
+errors come as Drive's JSON errors (``fail_next``); connections can drop (``drop_next``); ``size``
+is a decimal string as in the real API; ``fields`` selects what a response holds, so a list asked
+for ``files(id)`` only gets no ``nextPageToken``; a query parameter that the method does not declare
+is refused with 400 like Google does; files.list without ``trashed = false`` includes trashed files.
+``q`` supports ``'id' in parents``, ``name =``, ``mimeType =``/``!=``, ``trashed =`` joined with
+``and``, and one level of parenthesised ``or`` groups of those (Drive's query language has more:
+``contains``, ``not``, dates, nesting; they answer 400 here). Simplifications: the default list
+order (no ``orderBy``) is createdTime then id (Drive promises no order); ``orderBy`` supports the
+keys createdTime, modifiedTime, name and folder, each optionally ``desc``; page tokens are offsets,
+so a listing that changes between pages may skip or repeat entries; non-final resumable chunks need
+not be multiples of 256 KiB; metadata-only updates keep modifiedTime unless the request sets it;
+every change bumps ``version``.
 
 Operational hazards, each behind a switch: a resumable chunk or a ranged download that fails midway
 (``fail_transfer``), a member role that may not delete (``member_role``: Drive's Content manager),
