@@ -31,7 +31,7 @@ from swarm_gdrive.protocol.layout import Layout, parse_round_dir
 from swarm_gdrive.protocol.metrics import NodeLog
 from swarm_gdrive.protocol.polling import BRISK_FRACTION, Backoff, Pacer, RoundClock, Stopped, wait_for
 from swarm_gdrive.protocol.records import ExperimentRecord, PeerRecord, StateRecord
-from swarm_gdrive.storage import Storage
+from swarm_gdrive.storage import FileInfo, Storage
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +162,9 @@ class Coordinator:
         self.clock = clock
         self.liveness = Liveness(config.liveness_timeout)
         self.workers_seen: set[str] = set()
-        self._alive: dict[str, PeerRecord] = {}  # workers whose last record read says alive: liveness by listing
+        # workers whose last record read says alive (liveness by listing), with when that entry was first read
+        self._alive: dict[str, tuple[PeerRecord, float]] = {}
+        self._peer_listing: dict[str, FileInfo] = {}
         self._live: frozenset[str] = frozenset()
         self._peers_listed_at = -math.inf
         self.rounds = RoundClock()
@@ -359,13 +361,17 @@ class Coordinator:
         file was replaced by something else). ``every``: every changed file is read (while round 0 waits).
         """
         listing = self.exchange.peer_files()
+        listing_before = self._peer_listing
         for node_id, info in listing.items():
             self.liveness.observe(node_id, listing_key(info), now)
-        quiet = self.liveness.quiet(now, self.config.heartbeat_interval)
+        # A beating worker's file changes every HEARTBEAT_INTERVAL (plus its write and this listing's spacing):
+        # one unchanged for two intervals has stopped beating; one not read for LIVENESS_TIMEOUT / 2 is read anyway.
+        quiet = self.liveness.quiet(now, 2 * self.config.heartbeat_interval)
+        stale = {n for n, (_, read_at) in self._alive.items() if now - read_at >= self.config.liveness_timeout / 2}
         needed = {
             node_id: info
             for node_id, info in listing.items()
-            if every or node_id not in self._alive or node_id in quiet
+            if every or node_id not in self._alive or node_id in quiet or node_id in stale
         }
         for node_id, seen in self.exchange.read_peer_files(needed).items():
             record = seen.record
@@ -375,7 +381,9 @@ class Coordinator:
                 self._alive.pop(node_id, None)
                 self.liveness.forget(node_id)
                 continue
-            self._alive[node_id] = record
+            if node_id not in self._alive or seen.info != listing_before.get(node_id):
+                self._alive[node_id] = (record, now)
+        self._peer_listing = listing
         return self.liveness.live(now) & frozenset(self._alive)
 
     def _observe_peers(self, state: StateRecord, now: float) -> frozenset[str]:
@@ -412,6 +420,7 @@ class Coordinator:
         finally:
             heartbeat.stop()
             self.log.flush()
+            self.exchange.close()
         return 0
 
     def _serve(self, state: StateRecord, heartbeat: Heartbeat) -> None:

@@ -12,7 +12,9 @@ for the caller's bounded wait to ride out.
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -50,6 +52,9 @@ NOT_A_FOLDER = "not a folder (a file, FIFO, device or link where a folder belong
 #: Why :meth:`Exchange.read_rollouts` left a listed batch unread (its ``skipped`` argument).
 NOT_ASKED = "not asked for"
 OVER_BUDGET = "over the read budget"
+#: Longest a poll of the state reuses an earlier read of it while the listing shows the same entry: a listing
+#: may lag behind an update (Drive's listings are not promised to be current), a download by id does not.
+STATE_REUSE_S = 5.0
 #: Files of one listing downloaded at once (a thread each, kept for the node's life): on a remote store a
 #: round's rewards or a stage's peer batches cost about one round trip instead of one each.
 READ_CONCURRENCY = 8
@@ -124,6 +129,7 @@ class Exchange:
         self._cleaned_below = 0  # rounds below this hold none of this node's rollouts any more
         self._registered: set[str] = set()  # workers of this run with a valid peer file, as seen so far
         self._prepared: set[int] = set()  # rounds whose folders this node created ahead (prepare_round)
+        self._state_read_at = -math.inf  # when the state file was last downloaded (monotonic)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self.stats = {"reads": 0, "writes": 0, "lists": 0, "deletes": 0, "bytes_read": 0, "bytes_written": 0}
@@ -208,6 +214,13 @@ class Exchange:
             return None
         self._reject(path, os_reason(exc))  # a folder, FIFO or device in its place, a file in its path, a link
         return None
+
+    def close(self) -> None:
+        """Let go of the download threads; a download still under way is not waited for."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _fetch_all(self, paths: list[str], cap: int) -> list[bytes | OSError]:
         """The bytes of each path (or the OSError its read raised), downloaded concurrently when there are several."""
@@ -339,6 +352,14 @@ class Exchange:
         entry = next((info for info in self._list(folder) if info.name == name), None)
         if entry is None or entry.is_dir:
             return self._read(self.layout.state_file, StateRecord, check_run=False)
+        path = self.layout.state_file
+        read_at = self._state_read_at
+        if entry.version is None or time.monotonic() - read_at > STATE_REUSE_S:
+            # A store whose listing has no version (whole-second mtimes: two quick writes of one size look alike),
+            # or a reuse old enough that a listing lagging behind an update may be what kept it: read again.
+            self._cache.pop(path, None)
+        if not self._cached(path, entry)[0]:
+            self._state_read_at = time.monotonic()
         return self._read_listed(folder, [entry], StateRecord, check_run=False)[name]
 
     def write_state(self, record: StateRecord) -> None:

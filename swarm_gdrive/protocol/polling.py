@@ -43,6 +43,9 @@ class Backoff:
 BRISK_FRACTION = 0.2
 #: Round lengths a :class:`Pacer` remembers; it expects the median of them.
 PACE_HISTORY = 3
+#: The most brisk polls either side of an expected moment: a long or irregular round widens the window only
+#: up to this many brisk delays, so a wait never polls a remote store at the brisk rate for long.
+MAX_BRISK_POLLS = 5
 
 
 class Pacer:
@@ -61,7 +64,9 @@ class Pacer:
         self._after = False
 
     def expect(self, at: float | None, window: float = 0.0) -> None:
-        self.at, self.window, self._after = at, window, False
+        """Poll briskly within ``window`` seconds either side of ``at`` (at most :data:`MAX_BRISK_POLLS` brisk
+        delays either side); None: no expectation, the plain backoff."""
+        self.at, self.window, self._after = at, min(max(window, 0.0), MAX_BRISK_POLLS * self.brisk), False
 
     def reset(self, start: float | None = None) -> None:
         self.backoff.reset(start)
@@ -107,14 +112,14 @@ class RoundClock:
 
     def next_open(self) -> tuple[float, float] | None:
         """(expected moment, window) of the next round's opening, or None while there is nothing to go on. The
-        window, either side, is how much the last rounds' lengths varied (their range), at least a twentieth of
-        a round; a tenth while only one length is known."""
+        window, either side, is how much the last rounds' lengths varied (their range), between a twentieth and
+        a tenth of a round (a tenth while only one length is known); the :class:`Pacer` caps it further."""
         spans = self._spans()
         if not spans:
             return None
         length = spans[len(spans) // 2]
-        window = max(0.05 * length, spans[-1] - spans[0]) if len(spans) > 1 else 0.1 * length
-        return self._opened[-1][1] + length, window
+        spread = spans[-1] - spans[0] if len(spans) > 1 else 0.1 * length
+        return self._opened[-1][1] + length, min(max(0.05 * length, spread), 0.1 * length)
 
 
 def wait_for(

@@ -113,6 +113,7 @@ class Worker:
             if self.heartbeat is not None:  # one that stepped down leaves the peer file to the other process
                 self.heartbeat.stop(mark_stopped=self._twin is None)
             self.log.flush()
+            self.exchange.close()
             self.workload.close()
 
     def _join(self) -> str:

@@ -212,7 +212,8 @@ class DriveStorage:
         self._account = account
         self.chunk_bytes = chunk_bytes
         self._lock = threading.RLock()
-        self._resolving = threading.RLock()  # held while a folder path is looked up (see _folder_ids)
+        self._resolving: dict[tuple[str, ...], threading.Lock] = {}  # folder path -> held while it is looked up
+        self._suspect: set[str] = set()  # paths whose last write failed: Drive may hold a copy this node lost
         self._api_lock = threading.Lock()  # only for a client whose connection cannot be duplicated
         # folder path -> (ids of every folder at that path, oldest first; when resolved; newest createdTime)
         self._folders: dict[tuple[str, ...], tuple[list[str], float, float]] = {}
@@ -392,7 +393,7 @@ class DriveStorage:
             if cached is not None and not self._expired(*cached[1:]):
                 current = cached[0]
                 continue
-            with self._resolving:  # threads reading one folder's files at once look it up once, not each
+            with self._resolving_lock(key):  # threads reading one folder's files at once look it up once, not each
                 with self._lock:
                     cached = self._folders.get(key)
                 if cached is not None and not self._expired(*cached[1:]):
@@ -409,6 +410,12 @@ class DriveStorage:
                 self._remember_folders(key, found)
             current = [e.id for e in found]
         return current
+
+    def _resolving_lock(self, key: tuple[str, ...]) -> threading.Lock:
+        """The lock held while the folder path ``key`` is looked up: one per path, so a heartbeat's lookup never
+        waits behind another folder's."""
+        with self._lock:
+            return self._resolving.setdefault(key, threading.Lock())
 
     def _remember_folders(self, key: tuple[str, ...], found: list[_Entry]) -> None:
         with self._lock:
@@ -464,30 +471,32 @@ class DriveStorage:
         what is cached and fresh costs nothing."""
         pending = [self._parts(folder) for folder in folders]
         depth = 0
-        with self._resolving:
-            while pending:
-                todo: dict[str, list[tuple[list[str], list[str]]]] = {}
-                resolved: list[list[str]] = []
-                for parts in pending:
-                    if depth >= len(parts):
-                        continue
-                    with self._lock:
-                        cached = self._folders.get(tuple(parts[: depth + 1]))
-                        parent = self._folders.get(tuple(parts[:depth])) if depth else None
-                    if cached is not None and not self._expired(*cached[1:]):
+        # No lock: a lookup racing another thread's only repeats it.
+        while pending:
+            todo: dict[str, list[tuple[list[str], list[str]]]] = {}
+            resolved: list[list[str]] = []
+            for parts in pending:
+                if depth >= len(parts):
+                    continue
+                with self._lock:
+                    cached = self._folders.get(tuple(parts[: depth + 1]))
+                    parent = self._folders.get(tuple(parts[:depth])) if depth else None
+                if cached is not None and not self._expired(*cached[1:]):
+                    resolved.append(parts)
+                    continue
+                if depth and parent is None:  # forgotten meanwhile (a move, a removal): left to the writer
+                    continue
+                parent_ids = parent[0] if parent is not None else [self.root_folder_id]
+                todo.setdefault(parts[depth], []).append((parts, parent_ids))
+            for name, items in todo.items():
+                found = self._find_folders_under(sorted({p for _, ids in items for p in ids}), name)
+                for parts, ids in items:
+                    mine = sorted((e for e in found if e.parent in ids), key=lambda e: (e.ctime, e.id))
+                    if mine:
+                        self._remember_folders(tuple(parts[: depth + 1]), mine)
                         resolved.append(parts)
-                        continue
-                    parent_ids = parent[0] if parent is not None else [self.root_folder_id]
-                    todo.setdefault(parts[depth], []).append((parts, parent_ids))
-                for name, items in todo.items():
-                    found = self._find_folders_under(sorted({p for _, ids in items for p in ids}), name)
-                    for parts, ids in items:
-                        mine = sorted((e for e in found if e.parent in ids), key=lambda e: (e.ctime, e.id))
-                        if mine:
-                            self._remember_folders(tuple(parts[: depth + 1]), mine)
-                            resolved.append(parts)
-                pending = resolved
-                depth += 1
+            pending = resolved
+            depth += 1
 
     def _find_folders_under(self, parents: list[str], name: str) -> list[_Entry]:
         """Folders named ``name`` in any of ``parents`` (one query), each with the parent it was found in."""
@@ -700,15 +709,25 @@ class DriveStorage:
 
     def write_bytes(self, path: str, data: bytes) -> None:
         parts = self._parts(path)
-        name = parts[-1]
         data = bytes(data)
         with self._lock:
             own = self._own_by_path.get(path)
-        if own is None and self._folder_ids(parts[:-1]) and self._fresh_since_epoch(parts[:-1]):
+            suspect = path in self._suspect
+        if own is None and not suspect and self._folder_ids(parts[:-1]) and self._fresh_since_epoch(parts[:-1]):
             existing = None  # a folder younger than this process's first write holds no earlier process's file
         else:
             existing = own if own is not None else self._own_file(parts)
+        try:
+            self._write_entry(path, parts, data, existing)
+        except BaseException:
+            with self._lock:  # a create whose answer was lost may have left a copy: the next write looks first
+                self._suspect.add(path)
+            raise
+        with self._lock:
+            self._suspect.discard(path)
 
+    def _write_entry(self, path: str, parts: list[str], data: bytes, existing: _Entry | None) -> None:
+        name = parts[-1]
         files = self.service.files()
         if existing is None:
             folder_id = self._folder(parts[:-1], create=True)

@@ -10,7 +10,7 @@ import urllib.parse
 import pytest
 
 from swarm_gdrive.storage import drive as drive_module
-from swarm_gdrive.storage.base import FileTooLargeError
+from swarm_gdrive.storage.base import FileTooLargeError, StorageUnavailableError
 from swarm_gdrive.storage.drive import DriveAuthError, DriveError, DriveStorage, find_credentials, parse_drive_url
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -299,3 +299,20 @@ def test_a_round_s_folders_in_both_trees_are_looked_up_together(emu):
     worker.prefetch_folders(["exp/rewards/round_9/stage_0"])  # not made yet: left to the writer
     worker.write_bytes("exp/rewards/round_9/stage_0/w1.json", b"2")
     assert coordinator.read_bytes("exp/rewards/round_9/stage_0/w1.json") == b"2"
+
+
+def test_after_a_failed_write_the_next_one_looks_for_a_copy_first(emu):
+    storage = storage_for(emu, retry_attempts=1, min_retry_s=0)
+    storage.write_bytes("exp/peers/w1.json", b"{}")
+    storage.make_dirs("exp/rewards/round_0/stage_0")  # younger than the first write: no lookup needed
+    emu.fail_next(1, 500, "backendError")
+    with pytest.raises(StorageUnavailableError):
+        storage.write_bytes("exp/rewards/round_0/stage_0/w1.json", b"1")
+    before = calls(emu)
+    storage.write_bytes("exp/rewards/round_0/stage_0/w1.json", b"2")
+    made = emu.requests[before:]
+    assert [m for m, _ in made] == ["GET", "POST"], "a create whose answer was lost may have left a copy"
+    storage.make_dirs("exp/rewards/round_0/stage_1")
+    before = calls(emu)
+    storage.write_bytes("exp/rewards/round_0/stage_1/w1.json", b"3")
+    assert [m for m, _ in emu.requests[before:]] == ["POST"], "another path: no lookup"

@@ -6,8 +6,8 @@ at once. The
 reference reads every file afresh, through a backend with no cache. Both run against the Drive emulator with
 listings that lag behind creates, names written twice in one folder (a newer garbage copy, then the worker's own
 update), a duplicate round folder made by a lagging worker, workers that stop, peer files that turn to garbage and
-rewards from names that never registered. After every burst of changes, once listings have caught up and a
-heartbeat interval has passed in silence, the two must agree on the live workers, the submissions and so on the
+rewards from names that never registered. After every burst of changes, once listings have caught up and two
+heartbeat intervals have passed in silence, the two must agree on the live workers, the submissions and so on the
 round's decision; before that, the coordinator never counts a submission that the reference never saw.
 """
 
@@ -184,8 +184,8 @@ def test_the_decision_from_listings_is_the_decision_from_reading_every_file(emu,
                 swarm.duplicate_round_with(worker)
         # While listings lag, the coordinator sees an older view, never a submission that was never there.
         early_live, early_submitted = coordinator_view(swarm, time.monotonic() - started)
-        # Listings catch up, and a heartbeat passes with no write: a silent worker's file is read again.
-        time.sleep(max(LAG_S, TTL_S) + HEARTBEAT_S + 0.1)
+        # Listings catch up, and two heartbeat intervals pass with no write: a silent worker's file is read again.
+        time.sleep(max(LAG_S, TTL_S) + 2 * HEARTBEAT_S + 0.1)
         live, submitted = coordinator_view(swarm, time.monotonic() - started)
         truth_live, truth_submitted = reference(emu, swarm.layout, swarm.run_id, registered)
         assert early_submitted <= ever_submitted | truth_submitted

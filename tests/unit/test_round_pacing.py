@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from swarm_gdrive.protocol.polling import BRISK_FRACTION, Backoff, Pacer, RoundClock, wait_for
+from swarm_gdrive.protocol.polling import BRISK_FRACTION, MAX_BRISK_POLLS, Backoff, Pacer, RoundClock, wait_for
 
 
 class Clock:
@@ -29,7 +29,16 @@ def test_the_round_clock_expects_the_median_round_length_after_the_last_opening(
         rounds.opened(round_, at)
     assert rounds.length() == 4.0  # spans 4, 3, 4
     at, window = rounds.next_open()
-    assert at == 25.0 and window == pytest.approx(1.0), "the window spans how much the lengths varied"
+    assert at == 25.0 and window == pytest.approx(0.4), "how much the lengths varied, at most a tenth of a round"
+    irregular = RoundClock()
+    for round_, at in [(0, 0.0), (1, 20.0), (2, 80.0), (3, 100.0)]:  # one round closed on a 60 s deadline
+        irregular.opened(round_, at)
+    assert irregular.next_open() == (120.0, pytest.approx(2.0))
+    pacer = Pacer(Backoff(0.5, 10.0), brisk=0.1, clock=Clock())
+    pacer.expect(*irregular.next_open())
+    assert pacer.window == pytest.approx(MAX_BRISK_POLLS * 0.1), (
+        "never more than MAX_BRISK_POLLS brisk delays either side"
+    )
     for round_, at in [(4, 25.0), (5, 29.0), (6, 33.0)]:
         rounds.opened(round_, at)
     assert rounds.next_open() == (37.0, pytest.approx(0.2)), "steady rounds: a twentieth of a round"
