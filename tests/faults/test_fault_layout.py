@@ -119,6 +119,8 @@ def test_a_writer_whose_own_path_is_blocked_clears_it_and_cleanup_tolerates_type
     }
     try:
         start_coordinator(swarm, folder)
+        # experiment.json comes first, the state a moment later: the state is swapped for a folder once it is there
+        wait_until((folder / LAYOUT.state_file).exists, 60, "the state file", swarm.procs)
         for rel, kind in blocked.items():
             path = folder / rel
             path.parent.mkdir(parents=True, exist_ok=True)
