@@ -27,7 +27,6 @@ import itertools
 import json
 import logging
 import math
-import os
 import statistics
 import sys
 import tempfile
@@ -272,10 +271,10 @@ def run_swarm(spec: RunSpec, folder: Path, emulator: Any = None, timeout_s: floa
     result.update(
         {
             "wall_s": wall,
-            # Every node and the emulator are threads of this process: near 1, the machine's cores, not the
-            # protocol, set how long a round takes.
+            # Every node and the emulator are threads of this process, under one interpreter lock: near 1 (a
+            # core's worth), the harness, not the protocol, sets how long a round takes.
             "cpu_s": cpu,
-            "cpu_share": cpu / (wall * len(os.sched_getaffinity(0))) if wall > 0 else None,
+            "cpu_per_wall": cpu / wall if wall > 0 else None,
             "timed_out": timed_out,
             "exit_codes": {n.config.node_id: n.code for n in nodes if n.code != 0},
             "errors": {n.config.node_id: n.error for n in nodes if n.error},
@@ -470,14 +469,14 @@ def render(result: dict[str, Any]) -> str:
             r["coordinator_per_round"].get("calls"),
             r["coordinator_per_round"].get("api_calls") if r["spec"]["backend"] == "drive" else None,
             r["wall_s"],
-            r.get("cpu_share"),
+            r.get("cpu_per_wall"),
         ]
         for r in runs
     ]
     header = [
         "backend", "poll", "J", "N", "all done", "overhead med (s)", "overhead max (s)", "coord (s)", "pickup (s)",
         "worker calls/round", "bytes read/round", "bytes written/round", "worker API calls/round",
-        "coord calls/round", "coord API calls/round", "wall (s)", "CPU busy (share of cores)",
+        "coord calls/round", "coord API calls/round", "wall (s)", "CPU s per wall s",
     ]  # fmt: skip
     slopes = [
         [g["backend"], g["poll"], g["transplant"], ",".join(map(str, g["workers"])), *g["slope_vs_n"].values()]
@@ -521,7 +520,9 @@ HOW = (
     "round), {rounds} rounds, one stage. Overhead: last worker's reward write returned -> every worker called "
     "generate for the next round (median over round transitions); coord: -> coordinator's state write returned; "
     "pickup: state write -> last worker started. Calls/bytes: mean per worker per round, rounds 1.. (round 0 is "
-    "joining), heartbeats and log flushes included. poll 'default' = the package's POLL_INTERVAL_MIN/MAX."
+    "joining), heartbeats and log flushes included; a Drive request is charged to the storage call of the thread "
+    "that made it. poll 'default' = the package's POLL_INTERVAL_MIN/MAX. CPU s per wall s: the process's CPU "
+    "time over the run's wall time; near 1 the interpreter lock, not the protocol, sets the pace."
 )
 
 

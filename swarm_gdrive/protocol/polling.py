@@ -106,9 +106,11 @@ class RoundClock:
         return sorted(b[1] - a[1] for a, b in pairs if b[0] == a[0] + 1 and b[1] > a[1])
 
     def length(self) -> float | None:
-        """The median length of the last rounds that followed one another, or None before two were seen."""
+        """The median length of the last rounds that followed one another (the lower of the middle two of an even
+        number: expecting a round early costs a few brisk polls, expecting it late a backed-off sleep through
+        it), or None before two openings were seen."""
         spans = self._spans()
-        return spans[len(spans) // 2] if spans else None
+        return spans[(len(spans) - 1) // 2] if spans else None
 
     def next_open(self) -> tuple[float, float] | None:
         """(expected moment, window) of the next round's opening, or None while there is nothing to go on. The
@@ -117,7 +119,7 @@ class RoundClock:
         spans = self._spans()
         if not spans:
             return None
-        length = spans[len(spans) // 2]
+        length = spans[(len(spans) - 1) // 2]
         spread = spans[-1] - spans[0] if len(spans) > 1 else 0.1 * length
         return self._opened[-1][1] + length, min(max(0.05 * length, spread), 0.1 * length)
 

@@ -95,3 +95,11 @@ def test_a_worker_that_waits_for_the_next_round_picks_it_up_within_a_brisk_poll_
     clock.now = 0.0
     assert wait_for(check, waiting, 60.0, Backoff(0.5, 10.0, rng=random.Random(2)), clock) is True
     assert clock.now - opened_at > brisk
+
+
+def test_of_two_lengths_the_shorter_is_expected():
+    """Expecting a round early costs a few brisk polls; expecting it late sleeps a backed-off delay through it."""
+    rounds = RoundClock()
+    for round_, at in [(0, 0.0), (1, 6.0), (2, 8.0)]:  # round 0 waited for everyone to join
+        rounds.opened(round_, at)
+    assert rounds.length() == 2.0 and rounds.next_open()[0] == 10.0
