@@ -88,6 +88,17 @@ class Heartbeat:
         except OSError as exc:
             logger.warning("heartbeat write failed: %s", exc)
 
+    def _write_once_more(self) -> None:
+        with self._lock:
+            self._record = self._record.model_copy(
+                update={"heartbeat": self._record.heartbeat + 1, "heartbeat_at": time.time()}
+            )
+            record = self._record
+        try:
+            self._exchange.write_peer(record)
+        except OSError as exc:
+            logger.warning("heartbeat write failed: %s", exc)
+
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             self.beat()
@@ -130,6 +141,9 @@ class Heartbeat:
         )
         logger.error("%s", message)
         if step_down:
+            # One last write of this registration, so that the other process sees it at its next look: each of
+            # this one's writes may have landed between the other's read and its write, and been overwritten unseen.
+            self._write_once_more()
             self.stepped_down = True
             self._stop.set()
         if self._on_twin is not None:
