@@ -242,7 +242,7 @@ class Exchange:
     def _read_listed(
         self, folder: str, infos: Iterable[FileInfo], model: type[R], check_run: bool = True
     ) -> dict[str, R | None]:
-        """:meth:`_read_cached` of several listed files of ``folder``, by name: the ones new or changed since
+        """Several listed files of ``folder``, validated, by name: the ones new or changed since
         their last read are downloaded together (:data:`READ_CONCURRENCY`), then validated here in order."""
         infos = list(infos)
         out: dict[str, R | None] = {}
@@ -287,14 +287,8 @@ class Exchange:
         return False, None
 
     def _read_cached(self, folder: str, info: FileInfo, model: type[R]) -> R | None:
-        """Read a listed file unless the same (size, mtime) was read before."""
-        path = f"{folder}/{info.name}"
-        hit, record = self._cached(path, info)
-        if hit:
-            return record  # type: ignore[return-value]
-        record = self._read(path, model)
-        self._cache[path] = (listing_key(info), record)
-        return record
+        """Read a listed file unless the same (size, mtime, version) was read before."""
+        return self._read_listed(folder, [info], model)[info.name]
 
     def _cross_check(self, path: str, record: object, check_run: bool = True) -> str | None:
         run_id = getattr(record, "run_id", None)
@@ -353,8 +347,7 @@ class Exchange:
         if entry is None or entry.is_dir:
             return self._read(self.layout.state_file, StateRecord, check_run=False)
         path = self.layout.state_file
-        read_at = self._state_read_at
-        if entry.version is None or time.monotonic() - read_at > STATE_REUSE_S:
+        if entry.version is None or time.monotonic() - self._state_read_at > STATE_REUSE_S:
             # A store whose listing has no version (whole-second mtimes: two quick writes of one size look alike),
             # or a reuse old enough that a listing lagging behind an update may be what kept it: read again.
             self._cache.pop(path, None)
