@@ -205,6 +205,80 @@ class NodeThread(threading.Thread):
             self.error = f"{type(exc).__name__}: {exc}"
 
 
+class EmulatorProcess:
+    """The Drive emulator in a process of its own (``--emulator-process``): its request handling then does not
+    share this process's interpreter lock with the nodes, as Drive's servers do not. The same interface as the
+    parts of ``DriveEmulator`` the benchmark uses: ``root_id``, ``service()``, ``call_latency_s`` (set) and
+    ``request_count()``; commands go over the child's stdin, one line each, answered on its stdout."""
+
+    CHILD = (
+        "import json, sys\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from drive_emulator import DriveEmulator\n"
+        "emu = DriveEmulator().start()\n"
+        "print(json.dumps({'root_id': emu.root_id, 'doc': emu.discovery_document()}), flush=True)\n"
+        "for line in sys.stdin:\n"
+        "    cmd, _, arg = line.strip().partition(' ')\n"
+        "    if cmd == 'latency':\n"
+        "        emu.call_latency_s = float(arg)\n"
+        "    if cmd == 'quit':\n"
+        "        break\n"
+        "    print(len(emu.requests), flush=True)\n"
+        "emu.stop()\n"
+    )
+
+    def __init__(self) -> None:
+        import subprocess
+
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", self.CHILD, str(TESTS_DIR)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self._proc.stdout is not None and self._proc.stdin is not None
+        hello = json.loads(self._proc.stdout.readline())
+        self.root_id, self._doc = hello["root_id"], hello["doc"]
+
+    def _ask(self, line: str) -> int:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(line + "\n")
+        self._proc.stdin.flush()
+        return int(self._proc.stdout.readline())
+
+    @property
+    def call_latency_s(self) -> float:
+        raise AttributeError("write-only")
+
+    @call_latency_s.setter
+    def call_latency_s(self, value: float) -> None:
+        self._ask(f"latency {value}")
+
+    def request_count(self) -> int:
+        return self._ask("count")
+
+    def service(self) -> Any:
+        """A Drive client on the child's server, built as ``DriveEmulator.service`` builds one."""
+        import google_auth_httplib2
+        import httplib2
+        from google.auth.credentials import AnonymousCredentials
+        from googleapiclient.discovery import build_from_document
+
+        http = httplib2.Http(timeout=10)
+        http.redirect_codes = http.redirect_codes - {308}
+        return build_from_document(self._doc, http=google_auth_httplib2.AuthorizedHttp(AnonymousCredentials(), http))
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write("quit\n")
+            self._proc.stdin.close()
+            self._proc.wait(30)
+
+
+def request_count(emulator: Any) -> int:
+    """Requests an emulator has served so far, in this process or another."""
+    counter = getattr(emulator, "request_count", None)
+    return counter() if counter is not None else len(emulator.requests)
+
+
 def swarm_env(spec: RunSpec, gdrive_path: str, local_dir: Path, experiment: str) -> dict[str, str]:
     """Environment of every node; heartbeat and liveness stay at the package's defaults."""
     env = {
@@ -252,7 +326,7 @@ def run_swarm(spec: RunSpec, folder: Path, emulator: Any = None, timeout_s: floa
         NodeThread(from_env({**env, "NODE_ROLE": role, "NODE_ID": node}), CountingStorage(make_storage(), layout))
         for role, node in roles
     ]
-    requests_before = len(emulator.requests) if emulator is not None else 0
+    requests_before = request_count(emulator) if emulator is not None else 0
     cpu_before = time.process_time()
     started = time.monotonic()
     for node in nodes:
@@ -281,7 +355,7 @@ def run_swarm(spec: RunSpec, folder: Path, emulator: Any = None, timeout_s: floa
         }
     )
     if emulator is not None:
-        result["emulator_requests"] = len(emulator.requests) - requests_before
+        result["emulator_requests"] = request_count(emulator) - requests_before
     return result
 
 
@@ -522,7 +596,8 @@ HOW = (
     "pickup: state write -> last worker started. Calls/bytes: mean per worker per round, rounds 1.. (round 0 is "
     "joining), heartbeats and log flushes included; a Drive request is charged to the storage call of the thread "
     "that made it. poll 'default' = the package's POLL_INTERVAL_MIN/MAX. CPU s per wall s: the process's CPU "
-    "time over the run's wall time; near 1 the interpreter lock, not the protocol, sets the pace."
+    "time over the run's wall time; near 1 the interpreter lock, not the protocol, sets the pace. The Drive "
+    "emulator: {emulator}."
 )
 
 
@@ -539,6 +614,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--generations", type=int, default=4, help="G")
     p.add_argument("--step-seconds", type=float, default=0.5, help="simulated compute per round")
     p.add_argument("--latency", type=float, default=0.15, help="Drive emulator: seconds per request")
+    p.add_argument(
+        "--emulator-process",
+        action="store_true",
+        help="run the Drive emulator in a process of its own (default: a thread of this one, as before issue #16)",
+    )
     p.add_argument("--timeout", type=float, default=600, help="per run, seconds")
     p.add_argument("--tag", default=None, help="result file tag (default: the machine's)")
     p.add_argument("--out-dir", type=Path, default=None, help="default bench/results")
@@ -567,10 +647,13 @@ def main(argv: list[str] | None = None) -> int:
     specs = plan(args)
     emulator = None
     if any(s.backend == "drive" for s in specs):
-        sys.path.insert(0, str(TESTS_DIR))
-        from drive_emulator import DriveEmulator
+        if args.emulator_process:
+            emulator = EmulatorProcess()
+        else:
+            sys.path.insert(0, str(TESTS_DIR))
+            from drive_emulator import DriveEmulator
 
-        emulator = DriveEmulator().start()
+            emulator = DriveEmulator().start()
     runs = []
     try:
         for spec in specs:
@@ -592,8 +675,15 @@ def main(argv: list[str] | None = None) -> int:
         "part": "coordination",
         "machine": machine_info("cpu", source),
         "how": HOW.format(
-            samples=args.samples, generations=args.generations, step=args.step_seconds, rounds=args.rounds
+            samples=args.samples,
+            generations=args.generations,
+            step=args.step_seconds,
+            rounds=args.rounds,
+            emulator="a process of its own (its CPU time is not in CPU s per wall s)"
+            if args.emulator_process
+            else "a thread of the nodes' process, under their interpreter lock",
         ),
+        "emulator_process": bool(args.emulator_process),
         "runs": runs,
         "growth": growth(runs),
     }

@@ -265,6 +265,7 @@ class Coordinator:
     def _create(self) -> StateRecord:
         run_id = secrets.token_hex(8)
         self.exchange.run_id = run_id
+        self.exchange.prepare_experiment()  # before experiment.json, which workers wait for
         self.exchange.write_experiment(
             ExperimentRecord(
                 experiment=self.config.experiment_name,

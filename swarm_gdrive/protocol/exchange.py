@@ -16,7 +16,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from swarm_gdrive.protocol.layout import Layout, node_id_from_filename, parse_round_dir, parse_stage_dir
@@ -58,6 +58,9 @@ STATE_REUSE_S = 5.0
 #: Files of one listing downloaded at once (a thread each, kept for the node's life): on a remote store a
 #: round's rewards or a stage's peer batches cost about one round trip instead of one each.
 READ_CONCURRENCY = 8
+#: Longest a round's first write waits for the folder lookup started at its start (:meth:`Exchange.prefetch_round`)
+#: before it looks the folders up itself.
+PREFETCH_WAIT_S = 60.0
 
 
 def os_reason(exc: OSError) -> str:
@@ -132,6 +135,7 @@ class Exchange:
         self._state_read_at = -math.inf  # when the state file was last downloaded (monotonic)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        self._prefetching: Future[None] | None = None  # prefetch_round under way
         self.stats = {"reads": 0, "writes": 0, "lists": 0, "deletes": 0, "bytes_read": 0, "bytes_written": 0}
 
     # -- generic ---------------------------------------------------------------------------
@@ -233,11 +237,14 @@ class Exchange:
 
         if len(paths) < 2:
             return [fetch(p) for p in paths]
+        return list(self._executor().map(fetch, paths))
+
+    def _executor(self) -> ThreadPoolExecutor:
+        """The download threads (started on first use, let go by :meth:`close`)."""
         with self._pool_lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(READ_CONCURRENCY, thread_name_prefix="exchange-read")
-            pool = self._pool
-        return list(pool.map(fetch, paths))
+            return self._pool
 
     def _read_listed(
         self, folder: str, infos: Iterable[FileInfo], model: type[R], check_run: bool = True
@@ -396,45 +403,77 @@ class Exchange:
 
     # -- round folders ---------------------------------------------------------------------
 
+    def prepare_experiment(self) -> None:
+        """Create the experiment's shared folders (:attr:`Layout.shared_dirs`) where the backend can: the
+        coordinator, before it writes experiment.json. Best effort, as :meth:`prepare_round`."""
+        self._make_folders(self.layout.shared_dirs, "not created ahead of the workers")
+
+    def _make_folders(self, folders: list[str], what: str) -> bool:
+        """make_dirs of each folder; something planted in the way is logged, an unavailable store ends it early.
+        True when the store answered every call."""
+        try:
+            for folder in folders:
+                try:
+                    make_dirs(self.storage, folder)
+                except StorageUnavailableError:
+                    raise
+                except OSError as exc:
+                    self._reject(folder, f"{what}: {os_reason(exc)}")
+        except StorageUnavailableError as exc:
+            logger.warning("%s %s: the store is unavailable (%s)", ", ".join(folders), what, exc)
+            return False
+        return True
+
     def prepare_round(self, round_: int, stages: int) -> None:
         """Create the rewards and rollouts folders of every stage of ``round_`` where the backend can (the
         coordinator, ahead of the round; every writer creates what is missing anyway). Best effort: an outage or
         something planted where a folder belongs is logged, never raised."""
         if round_ in self._prepared:
             return
-        try:
-            for stage in range(stages):
-                for folder in (
-                    self.layout.rewards_stage_dir(round_, stage),
-                    self.layout.rollouts_stage_dir(round_, stage),
-                ):
-                    try:
-                        make_dirs(self.storage, folder)
-                    except StorageUnavailableError:
-                        raise
-                    except OSError as exc:
-                        self._reject(folder, f"not created ahead of its round: {os_reason(exc)}")
-        except StorageUnavailableError as exc:
-            logger.warning("round %d's folders not created ahead: the store is unavailable (%s)", round_, exc)
+        folders = [
+            folder
+            for stage in range(stages)
+            for folder in (self.layout.rewards_stage_dir(round_, stage), self.layout.rollouts_stage_dir(round_, stage))
+        ]
+        if not self._make_folders(folders, "not created ahead of its round"):
             return
         self._prepared.add(round_)
 
     def prefetch_round(self, round_: int, stages: int) -> None:
         """Let the backend resolve the round's rewards and rollouts folders together (a worker, as a round starts:
-        on Drive two queries for both trees instead of two each). Best effort: a failure only loses the gain."""
+        on Drive two queries for both trees instead of two each), on a download thread while the caller goes on
+        (generation); the round's first write or rollout listing waits for it. Best effort: a failure only loses
+        the gain."""
+        if getattr(self.storage, "prefetch_folders", None) is None:
+            return  # nothing to gain (a local folder)
         folders = [
             folder
             for stage in range(stages)
             for folder in (self.layout.rollouts_stage_dir(round_, stage), self.layout.rewards_stage_dir(round_, stage))
         ]
+
+        def prefetch() -> None:
+            try:
+                prefetch_folders(self.storage, folders)
+            except OSError as exc:
+                logger.info("round %d's folders not looked up ahead (%s); each write looks them up", round_, exc)
+
+        self._prefetching = self._executor().submit(prefetch)
+
+    def _prefetched(self) -> None:
+        """Wait for a prefetch under way (:meth:`prefetch_round`), so the caller uses the folders it resolved."""
+        pending, self._prefetching = self._prefetching, None
+        if pending is None:
+            return
         try:
-            prefetch_folders(self.storage, folders)
-        except OSError as exc:
-            logger.info("round %d's folders not looked up ahead (%s); each write looks them up", round_, exc)
+            pending.result(timeout=PREFETCH_WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - cancelled at close, or slower than the wait: the caller looks up
+            logger.info("folder prefetch not used (%s)", type(exc).__name__)
 
     # -- rewards ---------------------------------------------------------------------------
 
     def write_reward(self, record: RewardRecord) -> None:
+        self._prefetched()
         self._write(self.layout.reward_file(record.round, record.stage, record.node_id), record)
 
     def read_rewards(self, round_: int, stage: int, only: Collection[str] | None = None) -> dict[str, RewardRecord]:
@@ -470,6 +509,7 @@ class Exchange:
     # -- rollouts --------------------------------------------------------------------------
 
     def write_rollouts(self, batch: RolloutBatch) -> None:
+        self._prefetched()
         self._write(self.layout.rollout_file(batch.round, batch.stage, batch.node_id), batch)
 
     def read_rollouts(
@@ -489,6 +529,7 @@ class Exchange:
         unread, why (:data:`NOT_ASKED`, :data:`OVER_BUDGET`).
         """
         folder = self.layout.rollouts_stage_dir(round_, stage)
+        self._prefetched()
         for old in [r for r in self._cached_rollouts if r < round_]:  # readers move forward: free older batches
             for path in self._cached_rollouts.pop(old):
                 self._cache.pop(path, None)

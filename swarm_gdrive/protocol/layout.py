@@ -127,7 +127,19 @@ class Layout:
         return f"{self.root}/checkpoints/{validate_name(node_id, 'node id')}/{_round(round_)}"
 
     def logs_dir(self, node_id: str) -> str:
-        return f"{self.root}/logs/{validate_name(node_id, 'node id')}"
+        return f"{self.logs_root}/{validate_name(node_id, 'node id')}"
+
+    @property
+    def logs_root(self) -> str:
+        return f"{self.root}/logs"
+
+    @property
+    def shared_dirs(self) -> list[str]:
+        """The folders every node writes into from its first minutes (peer files, logs, round trees): the
+        coordinator creates them before experiment.json, so workers, who wait for that file, never create them
+        side by side (on Drive, names are not unique: a stampede would leave duplicate folders that every
+        listing then has to read)."""
+        return [self.state_dir, self.peers_dir, self.logs_root, self.rewards_dir, self.rollouts_dir]
 
     def metrics_file(self, node_id: str) -> str:
         return f"{self.logs_dir(node_id)}/metrics.jsonl"

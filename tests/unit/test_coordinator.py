@@ -338,3 +338,46 @@ def test_a_beating_worker_costs_a_listing_and_a_silent_one_is_read_again(tmp_pat
     assert c.observe(2.9, every=False) == {"w1"}, "a beat may come late: not read before two intervals"
     assert c.observe(3.1, every=False) == frozenset(), "silent for two heartbeats: read, and it said stopped"
     assert c.exchange.stats["reads"] == reads + 1
+
+
+@pytest.mark.drive
+def test_workers_joining_together_on_drive_share_one_peers_folder_made_by_the_coordinator(tmp_path):
+    """On Drive names are not unique: workers that create ``peers/`` side by side leave one folder each, and every
+    listing of it then costs a request per copy. The coordinator makes the shared folders before experiment.json,
+    which workers wait for; the same stampede without it (a second experiment) shows the copies it prevents."""
+    import os
+    import sys
+
+    from swarm_gdrive.storage.drive import DriveStorage
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from drive_emulator import DriveEmulator
+
+    def stampede(emu: DriveEmulator, experiment: str) -> None:
+        start = threading.Barrier(12)
+
+        def join(n: int) -> None:
+            storage = DriveStorage(emu.root_id, "swarm", service=emu.service())
+            start.wait()
+            storage.write_bytes(f"experiments/{experiment}/peers/w{n}.json", b"{}")
+
+        threads = [threading.Thread(target=join, args=(n,)) for n in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+
+    def copies(emu: DriveEmulator, name: str) -> int:
+        return sum(f["name"] == name and not f.get("trashed") for f in emu.files())
+
+    with DriveEmulator() as emu:
+        emu.call_latency_s = 0.05  # every lookup of the stampede is under way before the first create returns
+        storage = DriveStorage(emu.root_id, "swarm", service=emu.service())
+        Coordinator(make_config(tmp_path), storage, "coord", threading.Event()).open_experiment()
+        assert copies(emu, "peers") == 1 and copies(emu, "logs") == 1 and copies(emu, "rollouts") == 1
+        stampede(emu, "exp")
+        assert copies(emu, "peers") == 1
+        assert len(DriveStorage(emu.root_id, "swarm", service=emu.service()).list("experiments/exp/peers")) == 12
+        before = copies(emu, "peers")
+        stampede(emu, "other")  # no coordinator made its folders
+        assert copies(emu, "peers") - before > 1, "the instrument: a stampede into a missing folder duplicates it"

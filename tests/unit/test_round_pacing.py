@@ -103,3 +103,41 @@ def test_of_two_lengths_the_shorter_is_expected():
     for round_, at in [(0, 0.0), (1, 6.0), (2, 8.0)]:  # round 0 waited for everyone to join
         rounds.opened(round_, at)
     assert rounds.length() == 2.0 and rounds.next_open()[0] == 10.0
+
+
+def test_a_round_s_folder_lookup_runs_beside_generation_and_its_first_write_waits_for_it(tmp_path):
+    """prefetch_round returns at once (the lookup costs round trips on Drive, generation need not wait for it);
+    the round's first write waits for it, so it uses the folders it found instead of looking them up again."""
+    import threading
+
+    from swarm_gdrive.protocol.exchange import Exchange
+    from swarm_gdrive.protocol.layout import Layout
+    from swarm_gdrive.protocol.records import RolloutBatch
+    from swarm_gdrive.storage import LocalStorage
+
+    release, order = threading.Event(), []
+
+    class SlowLookup(LocalStorage):
+        def prefetch_folders(self, folders):
+            order.append(("prefetch", tuple(folders)))
+            assert release.wait(10)
+            order.append(("prefetched", None))
+
+        def write_bytes(self, path, data):
+            order.append(("write", path))
+            super().write_bytes(path, data)
+
+    layout = Layout("exp")
+    exchange = Exchange(SlowLookup(tmp_path), layout, "w1", run_id="abcdef12")
+    exchange.prefetch_round(3, 1)  # returns while the lookup is held
+    assert not release.is_set()
+    batch = RolloutBatch(node_id="w1", run_id="abcdef12", round=3, stage=0, groups=[], complete=True, created_at=1.0)
+    writer = threading.Thread(target=exchange.write_rollouts, args=(batch,))
+    writer.start()
+    writer.join(0.3)
+    assert writer.is_alive(), "the write waits for the lookup under way"
+    release.set()
+    writer.join(10)
+    assert [kind for kind, _ in order] == ["prefetch", "prefetched", "write"]
+    assert layout.rollouts_stage_dir(3, 0) in order[0][1] and layout.rewards_stage_dir(3, 0) in order[0][1]
+    exchange.close()
