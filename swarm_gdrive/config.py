@@ -379,9 +379,10 @@ class Config:
     sapo_max_peers: int = _env(
         "SAPO_MAX_PEERS",
         8,
-        "Workers only: read the rollouts of at most this many peers per stage, chosen at random (seeded), and "
-        "sample the J external groups from them; more are read only when these offer fewer than J useful "
-        "groups. Keeps each worker's reads per round independent of the swarm's size; 0 reads every peer.",
+        "Workers only: with more live peers than this, the J external groups are drawn from every live peer's "
+        "groups in a seeded random order, and only the peers the draw lands on are read (about J when most groups "
+        "have reward variance), at most this many per stage. Keeps each worker's reads per round independent of the "
+        "swarm's size; 0 reads every peer.",
         _parse_int(0),
     )
     num_stages: int = _env(

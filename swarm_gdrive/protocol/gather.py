@@ -37,14 +37,27 @@ IGNORED_SHOWN = 10
 
 @dataclass
 class Gathered:
-    """Other nodes' rollouts of one stage, re-scored locally, by source node."""
+    """Other nodes' rollouts of one stage, re-scored locally, by source node.
+
+    ``order``: with SAPO_MAX_PEERS > 0, the drawn order of every (peer, k) slot, the k-th group of a peer's batch
+    in group id order (:meth:`slot`); :func:`~swarm_gdrive.protocol.sapo.select_in_order` takes the first J useful
+    ones. None: every peer was read, and the J are sampled from the whole pool."""
 
     batches: dict[str, RolloutBatch] = field(default_factory=dict)
     scored: dict[str, list[ScoredGroup]] = field(default_factory=dict)
     dropped: int = 0
+    order: list[tuple[str, int]] | None = None
 
     def pool(self) -> list[ScoredGroup]:
         return [g for groups in self.scored.values() for g in groups]
+
+    def slot(self, peer: str, k: int) -> ScoredGroup | None:
+        """The k-th group (by group id) of ``peer``'s batch as re-scored here; None if absent or rejected."""
+        batch = self.batches.get(peer)
+        if batch is None or not 0 <= k < len(batch.groups):
+            return None
+        group_id = sorted(g.group_id for g in batch.groups)[k]
+        return next((g for g in self.scored.get(peer, []) if g.group.group_id == group_id), None)
 
     def complete(self) -> set[str]:
         """Peers whose batch of the stage is complete."""
@@ -52,12 +65,15 @@ class Gathered:
 
 
 class PeerGather:
-    """Other nodes' rollouts of one stage, until every expected peer's batch is complete or time is up.
+    """Other nodes' rollouts of one stage, until the groups to sample from are read or time is up.
 
-    With SAPO_MAX_PEERS = K > 0 and more live peers than K, only K of them, drawn at random (seeded by
-    SEED, node, round and stage), are expected and read; while their complete batches offer fewer than J
-    groups with reward variance, the next K of the shuffled peers are added. Peers then have equal chances
-    and, when they publish equal numbers of groups, so does every group, as in sampling from all of them.
+    With SAPO_MAX_PEERS = K > 0 and more live peers than K, every live peer's ``groups_per_peer`` (I) slots are put
+    in one drawn order (seeded by SEED, node, round and stage), and only the peers that the first J slots with a
+    useful group (one with reward variance) land on are read: about J peers, whatever the swarm's size, instead of
+    all of them. The J chosen are then a uniform sample without replacement of the useful groups of all live peers,
+    as in reading everyone and sampling (SAPO), as long as at most K peers are needed; beyond K peers the slots of
+    unread peers are passed over. Otherwise (K = 0, or at most K peers) every live and registered peer is read and
+    J are sampled from the whole pool.
     """
 
     def __init__(
@@ -69,15 +85,14 @@ class PeerGather:
         wanted: int,
         rescore: Rescore,
         event: EventSink,
+        groups_per_peer: int = 1,
     ) -> None:
         self.exchange, self.ctx, self.wanted, self.rescore, self.event = exchange, ctx, wanted, rescore, event
         self.peers = sorted(set(live_workers) - {ctx.node_id})
         self.live = set(self.peers)
         self.cap = max_peers
-        self.capped = 0 < max_peers < len(self.peers)
-        if self.capped:
-            rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="peers").shuffle(self.peers)
-        self.expected = set(self.peers[:max_peers] if self.capped else self.peers)
+        self.lazy = 0 < max_peers < len(self.peers)
+        self.expected: set[str] = set() if self.lazy else set(self.peers)
         self.gathered = Gathered()
         self.budget = ReadBudget(MAX_GATHER_FILES, MAX_GATHER_BYTES)
         self.registered: set[str] | None = None  # workers with a peer file, read once a stranger's batch shows up
@@ -86,6 +101,11 @@ class PeerGather:
         # (node, group id) -> the group and its local re-score: a batch re-published after each generation
         # (ROLLOUT_PUBLISH_FREQUENCY=generation) re-scores, and rejects, only the groups that are new or changed.
         self._verdicts: dict[tuple[str, str], tuple[RolloutGroup, tuple[float, ...] | None]] = {}
+        if self.lazy:
+            slots = [(peer, k) for peer in self.peers for k in range(max(1, groups_per_peer))]
+            rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="slots").shuffle(slots)
+            self.gathered.order = slots
+            self._settle()
 
     def run(self, stop: threading.Event, timeout: float, backoff: Backoff) -> Gathered:
         """Poll until done or ``timeout`` seconds have passed; say so (``rollout_wait_expired``) in the latter case."""
@@ -104,32 +124,56 @@ class PeerGather:
 
     def poll(self) -> bool | None:
         """Read what the expected peers published; True when done, None to poll again."""
-        skipped: dict[str, str] = {}
-        batches = self.exchange.read_rollouts(
-            self.ctx.round, self.ctx.stage, only=self._wanted(), budget=self.budget, skipped=skipped, first=self.live
-        )
-        for node, batch in batches.items():
-            if self.gathered.batches.get(node) is not batch:
-                self.gathered.batches[node] = batch
-                self.gathered.scored[node] = self._score(node, batch)
-        if self._strangers({node for node, why in skipped.items() if why == NOT_ASKED}):
-            return None  # a registered worker that is not in the state yet: read its batch at the next poll
-        spent = {node for node, why in skipped.items() if why == OVER_BUDGET}
-        if spent:
-            self._budget_spent(spent)
-            return True
-        if not self.expected <= self.gathered.complete():
-            return None
-        useful = sum(1 for g in self.gathered.pool() if g.has_variance)
-        if self.capped and useful < self.wanted and len(self.expected) < len(self.peers):
-            # top up with the next drawn peers
-            self.expected.update(self.peers[len(self.expected) : len(self.expected) + self.cap])
-            return None
-        return True
+        while True:
+            skipped: dict[str, str] = {}
+            batches = self.exchange.read_rollouts(
+                self.ctx.round,
+                self.ctx.stage,
+                only=self._wanted(),
+                budget=self.budget,
+                skipped=skipped,
+                first=self.live,
+            )
+            for node, batch in batches.items():
+                if self.gathered.batches.get(node) is not batch:
+                    self.gathered.batches[node] = batch
+                    self.gathered.scored[node] = self._score(node, batch)
+            if self._strangers({node for node, why in skipped.items() if why == NOT_ASKED}):
+                return None  # a registered worker that is not in the state yet: read its batch at the next poll
+            spent = {node for node, why in skipped.items() if why == OVER_BUDGET}
+            if spent:
+                self._budget_spent(spent)
+                return True
+            if not self.lazy:
+                return True if self.expected <= self.gathered.complete() else None
+            before = set(self.expected)
+            if self._settle():
+                return True
+            if not (self.expected - before) & set(skipped):
+                return None  # waiting for batches still being written
+            # the draw moved on to peers whose batches were listed: read them now, not after a backoff
+
+    def _settle(self) -> bool:
+        """Walk the drawn slots: count the useful groups of the batches read, and expect the peers of the slots still
+        needed (counted as if useful until read), up to K peers; True when nothing is pending: J useful groups are
+        found, or no reachable slot is left."""
+        assert self.gathered.order is not None
+        complete = self.gathered.complete()
+        found = pending = 0
+        for peer, k in self.gathered.order:
+            if found + pending >= self.wanted:
+                break
+            if peer in complete:
+                group = self.gathered.slot(peer, k)
+                found += group is not None and group.has_variance
+            elif peer in self.expected or len(self.expected) < self.cap:
+                self.expected.add(peer)
+                pending += 1
+        return pending == 0
 
     def _wanted(self) -> set[str]:
         """Whose batches to read: the expected peers with a cap; else the live and every registered worker."""
-        if self.capped:
+        if self.lazy:
             return self.expected
         return self.live | (self.registered or set())
 
@@ -142,7 +186,7 @@ class PeerGather:
         if self.registered is None:
             self.registered = self.exchange.registered_workers() - {self.ctx.node_id}
         self.ignored |= strangers - self.registered
-        return not self.capped and bool(strangers & self.registered)
+        return not self.lazy and bool(strangers & self.registered)
 
     def _budget_spent(self, unread: set[str]) -> None:
         if self.over_budget:

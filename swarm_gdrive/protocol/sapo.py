@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from swarm_gdrive.protocol.records import RolloutGroup
@@ -40,6 +41,25 @@ class Selection:
     @property
     def shortfall(self) -> int:
         return max(0, self.requested - len(self.chosen))
+
+
+def select_in_order(
+    order: Iterable[tuple[str, int]], slot: Callable[[str, int], ScoredGroup | None], pool: list[ScoredGroup], j: int
+) -> Selection:
+    """The first ``j`` slots of a drawn ``order`` of (peer, k) slots whose group (``slot``) exists and has reward
+    variance. With the order a uniform shuffle of every peer's slots, that is a uniform sample without replacement
+    of ``j`` useful groups (rejection sampling along the shuffle), reading only the peers it lands on.
+    ``pool``: the groups read, for the counts of the :class:`Selection`."""
+    if j < 0:
+        raise ValueError(f"j must be >= 0, got {j}")
+    chosen: list[ScoredGroup] = []
+    for peer, k in order:
+        if len(chosen) >= j:
+            break
+        group = slot(peer, k)
+        if group is not None and group.has_variance:
+            chosen.append(group)
+    return Selection(tuple(chosen), j, len(pool), sum(not g.has_variance for g in pool))
 
 
 def rng_for(seed: int, node_id: str, round_: int, stage: int = 0, purpose: str = "sapo") -> random.Random:

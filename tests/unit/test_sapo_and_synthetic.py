@@ -74,3 +74,117 @@ def test_synthetic_questions_are_seeded_by_node_and_round():
     assert a == [g.question for g in work.generate(StageContext("w1", 0, 0, 42))]
     assert a != [g.question for g in work.generate(StageContext("w2", 0, 0, 42))]
     assert a != [g.question for g in work.generate(StageContext("w1", 1, 0, 42))]
+
+
+# -- SAPO_MAX_PEERS > 0: the drawn order of (peer, group) slots, read lazily ---------------------------------------
+
+
+def _publish_batches(tmp_path, peers: dict[str, list[tuple[float, ...]]]):
+    """Each peer's rollout batch of round 0, stage 0 (its groups' own rewards: the re-score below keeps them)."""
+    from swarm_gdrive.protocol.exchange import Exchange
+    from swarm_gdrive.protocol.layout import Layout
+    from swarm_gdrive.protocol.records import RolloutBatch
+    from swarm_gdrive.storage import LocalStorage
+
+    run = "0123456789abcdef"
+    for peer, rewards in peers.items():
+        writer = Exchange(LocalStorage(tmp_path), Layout("exp"), peer, run_id=run)
+        groups = []
+        for i, r in enumerate(rewards):
+            g = group(peer, i, r).group.model_copy(update={"rewards": list(r)})
+            groups.append(g)
+        writer.write_rollouts(
+            RolloutBatch(node_id=peer, run_id=run, round=0, stage=0, groups=groups, complete=True, created_at=1.0)
+        )
+    return Exchange(LocalStorage(tmp_path), Layout("exp"), "me", run_id=run)
+
+
+def _lazy_gather(exchange, live, j, max_peers, per_peer, seed=7, round_=0):
+    import threading
+
+    from swarm_gdrive.protocol.gather import PeerGather
+    from swarm_gdrive.protocol.polling import Backoff
+    from swarm_gdrive.protocol.sapo import select_in_order
+
+    events = []
+    gather = PeerGather(
+        exchange,
+        StageContext("me", round_, 0, seed),
+        live,
+        max_peers,
+        j,
+        lambda _ctx, g: tuple(g.rewards),
+        lambda *a, **k: events.append(a[0]),
+        groups_per_peer=per_peer,
+    )
+    got = gather.run(threading.Event(), 2, Backoff(0.01, 0.02))
+    return got, select_in_order(got.order, got.slot, got.pool(), j), events
+
+
+def test_the_lazy_gather_reads_about_j_peers_of_a_large_swarm_and_chooses_j(tmp_path):
+    peers = {f"w{i}": [(0.0, 1.0)] * 4 for i in range(15)}
+    exchange = _publish_batches(tmp_path, peers)
+    got, sel, events = _lazy_gather(exchange, ["me", *peers], j=4, max_peers=8, per_peer=4)
+    assert len(sel.chosen) == 4 and len({(g.source, g.group.group_id) for g in sel.chosen}) == 4
+    assert len(got.batches) <= 4, "only the peers the first four slots land on are read"
+    assert {g.source for g in sel.chosen} <= set(got.batches)
+    assert "rollout_wait_expired" not in events
+
+
+def test_the_lazy_gather_reads_on_past_zero_variance_groups_up_to_k_peers(tmp_path):
+    flat = {f"w{i}": [(1.0, 1.0)] * 4 for i in range(10)}  # no GRPO signal anywhere...
+    useful = {"w10": [(0.0, 1.0)] * 4}  # ...but in one peer
+    exchange = _publish_batches(tmp_path, {**flat, **useful})
+    got, sel, _ = _lazy_gather(exchange, ["me", *flat, *useful], j=2, max_peers=10, per_peer=4)
+    assert len(sel.chosen) == 2 and all(g.source == "w10" for g in sel.chosen)  # seed 7 reaches w10 by peer 10
+    assert sel.zero_variance_dropped == 4 * (len(got.batches) - 1) and 1 < len(got.batches) <= 10
+    capped, sel, _ = _lazy_gather(exchange, ["me", *flat, *useful], j=2, max_peers=3, per_peer=4, seed=8)
+    assert len(capped.batches) <= 3, "never more than SAPO_MAX_PEERS peers"
+    assert sel.shortfall == 2 - len(sel.chosen)
+
+
+def test_the_lazy_draw_is_a_uniform_sample_of_the_useful_groups_of_every_peer(tmp_path):
+    """Every useful group of the swarm is chosen equally often over many rounds' draws. The instrument: drawing a
+    peer first and then one of its useful groups, a natural shortcut, picks the groups of the peer with fewer useful
+    ones twice as often, and the same bounds catch it."""
+    from swarm_gdrive.protocol.gather import Gathered
+    from swarm_gdrive.protocol.sapo import select_in_order
+
+    # five peers, four groups each; w0's groups alternate useful/flat: 18 useful groups in all
+    pools = {f"w{p}": [group(f"w{p}", i, (0.0, 1.0) if p or i % 2 else (1.0, 1.0)) for i in range(4)] for p in range(5)}
+    gathered = Gathered(scored=pools)
+    from swarm_gdrive.protocol.records import RolloutBatch
+
+    for peer, groups in pools.items():
+        gathered.batches[peer] = RolloutBatch(
+            node_id=peer,
+            run_id="abcdef12",
+            round=0,
+            stage=0,
+            groups=[g.group for g in groups],
+            complete=True,
+            created_at=1.0,
+        )
+    counts: dict[str, int] = {}
+    rounds, j = 3000, 3
+    for r in range(rounds):
+        order = [(p, k) for p in pools for k in range(4)]
+        rng_for(1, "me", r, purpose="slots").shuffle(order)
+        for g in select_in_order(order, gathered.slot, gathered.pool(), j).chosen:
+            counts[g.group.group_id] = counts.get(g.group.group_id, 0) + 1
+    expected = rounds * j / 18  # 500
+
+    def uniform(counts: dict[str, int]) -> bool:
+        return len(counts) == 18 and all(0.85 * expected < c < 1.15 * expected for c in counts.values())
+
+    assert not any(c for gid, c in counts.items() if gid in ("w0-0", "w0-2")), "flat groups are never chosen"
+    assert uniform(counts), counts
+    peer_first: dict[str, int] = {}
+    for r in range(rounds):
+        rng = rng_for(1, "me", r, purpose="peer-first")
+        left = {p: [g for g in groups if g.has_variance] for p, groups in pools.items()}
+        for _ in range(j):
+            peer = rng.choice(sorted(p for p, gs in left.items() if gs))
+            chosen = left[peer].pop(rng.randrange(len(left[peer])))
+            peer_first[chosen.group.group_id] = peer_first.get(chosen.group.group_id, 0) + 1
+    assert not uniform(peer_first), peer_first
