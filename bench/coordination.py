@@ -168,11 +168,13 @@ class RunSpec:
     step_seconds: float = 0.5
     poll: str = "default"  # "default" (the package's POLL_INTERVAL_MIN/MAX) or "MIN:MAX" seconds
     latency_s: float = 0.0  # Drive emulator: delay of every request
+    measure_from: int = 1  # the first round measured (0 joins; later, a steady state where no folder is young)
 
     @property
     def name(self) -> str:
         latency = f"-lat{self.latency_s:g}" if self.backend == "drive" else ""
-        return f"{self.backend}{latency}-n{self.workers}-j{self.transplant}-poll{self.poll.replace(':', '_')}"
+        tail = f"-from{self.measure_from}" if self.measure_from != 1 else ""
+        return f"{self.backend}{latency}-n{self.workers}-j{self.transplant}-poll{self.poll.replace(':', '_')}{tail}"
 
 
 class NodeThread(threading.Thread):
@@ -390,9 +392,10 @@ def _per_round(calls: list[Call], windows: list[tuple[float, float]], layout: La
     }
 
 
-def _steady(rounds: list[int]) -> list[int]:
-    """Rounds that are neither the first (joining) nor, where possible, special otherwise."""
-    return rounds[1:] if len(rounds) > 1 else rounds
+def _steady(rounds: list[int], first: int = 1) -> list[int]:
+    """The rounds measured: from ``first`` on (round 0 is joining), or the last one when none is that far."""
+    measured = [r for r in rounds if r >= first]
+    return measured or rounds[-1:]
 
 
 def _transitions(spec: RunSpec, layout: Layout, coord: NodeThread, workers: list[NodeThread]) -> list[dict]:
@@ -429,20 +432,20 @@ def _transitions(spec: RunSpec, layout: Layout, coord: NodeThread, workers: list
 def analyse(spec: RunSpec, layout: Layout, coord: NodeThread, workers: list[NodeThread]) -> dict[str, Any]:
     """Round overheads and per-node storage figures from the counted calls and the recorded round starts."""
     transitions = _transitions(spec, layout, coord, workers)
-    done = [t for t in transitions if t["complete"]]
+    done = [t for t in transitions if t["complete"] and t["round"] + 1 >= spec.measure_from]
     worker_windows: dict[str, list[tuple[float, float]]] = {}
     reached = []
     for w in workers:
         starts = w.workload.round_started if w.workload is not None else {}
         reached.append(max(starts, default=-1))
-        rounds = _steady([r for r in sorted(starts) if r + 1 in starts])
+        rounds = _steady([r for r in sorted(starts) if r + 1 in starts], spec.measure_from)
         worker_windows[w.config.node_id] = [(starts[r], starts[r + 1]) for r in rounds]
     per_worker = [_per_round(w.storage.calls, worker_windows[w.config.node_id], layout) for w in workers]
     per_worker = [p for p in per_worker if p]
     opened = sorted(
         {c.state_round: c.ended for c in reversed(coord.storage.calls) if c.state_round is not None}.items()
     )
-    coord_rounds = _steady([r for r, _ in opened if r + 1 in dict(opened) and r < spec.rounds])
+    coord_rounds = _steady([r for r, _ in opened if r + 1 in dict(opened) and r < spec.rounds], spec.measure_from)
     coord_windows = [(dict(opened)[r], dict(opened)[r + 1]) for r in coord_rounds]
 
     def mean_of(key: str) -> float | None:
@@ -592,9 +595,10 @@ HOW = (
     "Nodes: one coordinator and N workers as threads of one Python process (one interpreter lock), each with its "
     "own backend instance; synthetic workload (I={samples}, G={generations}, {step:g} s simulated compute per "
     "round), {rounds} rounds, one stage. Overhead: last worker's reward write returned -> every worker called "
-    "generate for the next round (median over round transitions); coord: -> coordinator's state write returned; "
-    "pickup: state write -> last worker started. Calls/bytes: mean per worker per round, rounds 1.. (round 0 is "
-    "joining), heartbeats and log flushes included; a Drive request is charged to the storage call of the thread "
+    "generate for the next round (median over the round transitions into the rounds measured); coord: -> "
+    "coordinator's state write returned; pickup: state write -> last worker started. Calls/bytes: mean per worker "
+    "per round over the rounds measured, {measure_from}.. (round 0 is joining), heartbeats and log flushes "
+    "included; a Drive request is charged to the storage call of the thread "
     "that made it. poll 'default' = the package's POLL_INTERVAL_MIN/MAX. CPU s per wall s: the process's CPU "
     "time over the run's wall time; near 1 the interpreter lock, not the protocol, sets the pace. The Drive "
     "emulator: {emulator}."
@@ -610,6 +614,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--polls", default="default,0.1:1", help="poll settings for the local runs: default or MIN:MAX")
     p.add_argument("--fast-poll-nodes", type=ints, default=[32], help="N at which the non-default polls also run")
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument(
+        "--measure-from",
+        type=int,
+        default=1,
+        help="first round measured (default 1: all but joining; later rounds show a steady state, once no folder "
+        "above the round folders is young, 120 s after the start on Drive)",
+    )
     p.add_argument("--samples", type=int, default=4, help="I")
     p.add_argument("--generations", type=int, default=4, help="G")
     p.add_argument("--step-seconds", type=float, default=0.5, help="simulated compute per round")
@@ -628,7 +639,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def plan(args: argparse.Namespace) -> list[RunSpec]:
     """The runs of one benchmark invocation."""
     common = dict(
-        rounds=args.rounds, samples=args.samples, generations=args.generations, step_seconds=args.step_seconds
+        rounds=args.rounds,
+        samples=args.samples,
+        generations=args.generations,
+        step_seconds=args.step_seconds,
+        measure_from=args.measure_from,
     )
     polls = [p for p in args.polls.split(",") if p]
     specs = []
@@ -679,6 +694,7 @@ def main(argv: list[str] | None = None) -> int:
             generations=args.generations,
             step=args.step_seconds,
             rounds=args.rounds,
+            measure_from=args.measure_from,
             emulator="a process of its own (its CPU time is not in CPU s per wall s)"
             if args.emulator_process
             else "a thread of the nodes' process, under their interpreter lock",

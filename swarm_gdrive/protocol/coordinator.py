@@ -372,7 +372,8 @@ class Coordinator:
         needed = {
             node_id: info
             for node_id, info in listing.items()
-            if every or node_id not in self._alive or node_id in quiet or node_id in stale
+            if node_id != self.node_id  # its own file, which its heartbeat keeps: never a worker
+            and (every or node_id not in self._alive or node_id in quiet or node_id in stale)
         }
         for node_id, seen in self.exchange.read_peer_files(needed).items():
             record = seen.record
@@ -464,8 +465,10 @@ class Coordinator:
                     pacer.expect(*(self.rounds.next_open() or (None, 0.0)))
                     self.prepare_rounds(state)
             if (live, submitted) != last_seen:
-                # Submissions come in a burst at the end of a round: while some are in, the rest are near.
-                pacer.reset(brisk if state.status == "running" and submitted and live - submitted else None)
+                # Submissions come in a burst at the end of a round: once half the live workers' are in, the rest
+                # are near (before that, brisk polls would mostly list the same few files again).
+                burst = state.status == "running" and live - submitted and 2 * len(live & submitted) >= len(live)
+                pacer.reset(brisk if burst else None)
                 last_seen = (live, submitted)
             if state.status != "finished":
                 timeout = pacer.next()

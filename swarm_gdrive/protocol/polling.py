@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -69,7 +70,11 @@ class Pacer:
         self.at, self.window, self._after = at, min(max(window, 0.0), MAX_BRISK_POLLS * self.brisk), False
 
     def reset(self, start: float | None = None) -> None:
-        self.backoff.reset(start)
+        """Start the backoff again (from ``start`` if given). With nothing expected yet (a node's first rounds), from
+        ``brisk``: the delays still grow by the backoff's factor, so a wait of t seconds costs a few more polls
+        (log t), and the event is seen within about a third of the time waited instead of up to the minimum
+        interval and more."""
+        self.backoff.reset(start if start is not None or self.at is not None else self.brisk)
 
     def next(self) -> float:
         delay = self.backoff.next()
@@ -89,39 +94,59 @@ class Pacer:
 
 
 class RoundClock:
-    """When the next round is expected, from when the last ones were seen to open (one node's own clock)."""
+    """When the next round is expected, from when the last ones were seen to open (one node's own clock).
+
+    A worker also passes each round's ``announced`` opening time (the state's ``round_opened_at``, the coordinator's
+    wall clock): spans between those are the rounds' true lengths, free of this worker's own pickup delay (it saw
+    each round open some time after it did, and that delay varies), and the expected moment is the last
+    announced opening plus the typical length, put on this node's clock by the smallest (seen - announced) of
+    the last rounds (the clocks' offset plus the quickest pickup).
+    """
 
     def __init__(self, history: int = PACE_HISTORY) -> None:
         self.history = history
-        self._opened: list[tuple[int, float]] = []
+        self._opened: list[tuple[int, float, float | None]] = []
 
-    def opened(self, round_: int, at: float) -> None:
-        """Round ``round_`` was first seen open at ``at``."""
+    def opened(self, round_: int, at: float, announced: float | None = None) -> None:
+        """Round ``round_`` was first seen open at ``at``; ``announced``: when it opened by the opener's clock."""
         if self._opened and round_ <= self._opened[-1][0]:
             return
-        self._opened = [*self._opened, (round_, at)][-(self.history + 1) :]
+        if announced is not None and not math.isfinite(announced):
+            announced = None
+        self._opened = [*self._opened, (round_, at, announced)][-(self.history + 1) :]
 
-    def _spans(self) -> list[float]:
+    def _announced(self) -> bool:
+        """Every remembered opening has an announced time, each later than the one before."""
+        times = [a for _, _, a in self._opened]
+        return all(a is not None for a in times) and all(b > a for a, b in zip(times, times[1:], strict=False))
+
+    def _spans(self, announced: bool) -> list[float]:
+        i = 2 if announced else 1
         pairs = zip(self._opened, self._opened[1:], strict=False)
-        return sorted(b[1] - a[1] for a, b in pairs if b[0] == a[0] + 1 and b[1] > a[1])
+        return sorted(b[i] - a[i] for a, b in pairs if b[0] == a[0] + 1 and b[i] > a[i])  # type: ignore[operator]
 
     def length(self) -> float | None:
         """The median length of the last rounds that followed one another (the lower of the middle two of an even
         number: expecting a round early costs a few brisk polls, expecting it late a backed-off sleep through
         it), or None before two openings were seen."""
-        spans = self._spans()
+        spans = self._spans(self._announced())
         return spans[(len(spans) - 1) // 2] if spans else None
 
     def next_open(self) -> tuple[float, float] | None:
         """(expected moment, window) of the next round's opening, or None while there is nothing to go on. The
         window, either side, is how much the last rounds' lengths varied (their range), between a twentieth and
         a tenth of a round (a tenth while only one length is known); the :class:`Pacer` caps it further."""
-        spans = self._spans()
+        announced = self._announced()
+        spans = self._spans(announced)
         if not spans:
             return None
         length = spans[(len(spans) - 1) // 2]
         spread = spans[-1] - spans[0] if len(spans) > 1 else 0.1 * length
-        return self._opened[-1][1] + length, min(max(0.05 * length, spread), 0.1 * length)
+        window = min(max(0.05 * length, spread), 0.25 * length)
+        if announced:
+            shift = min(at - a for _, at, a in self._opened)  # type: ignore[operator]
+            return self._opened[-1][2] + shift + length, window  # type: ignore[operator]
+        return self._opened[-1][1] + length, window
 
 
 def wait_for(

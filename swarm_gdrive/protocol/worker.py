@@ -207,7 +207,7 @@ class Worker:
         self._state_pacer.expect(*(self.rounds.next_open() or (None, 0.0)))
         state = wait_for(ready, self.stop, self.config.coordinator_wait_timeout, self._state_pacer)
         if state is not None and state.status == "running":
-            self.rounds.opened(state.round, time.monotonic())
+            self.rounds.opened(state.round, time.monotonic(), state.round_opened_at)
         if state is None:
             raise GiveUpError(
                 f"the round state did not reach round {target} in {self.config.coordinator_wait_timeout:g} s:"

@@ -381,3 +381,26 @@ def test_workers_joining_together_on_drive_share_one_peers_folder_made_by_the_co
         before = copies(emu, "peers")
         stampede(emu, "other")  # no coordinator made its folders
         assert copies(emu, "peers") - before > 1, "the instrument: a stampede into a missing folder duplicates it"
+
+
+def test_the_coordinator_never_downloads_its_own_peer_file(tmp_path):
+    """Its heartbeat rewrites it every HEARTBEAT_INTERVAL; it is not a worker's, so each change would cost a download
+    for nothing."""
+    c = Coordinator(make_config(tmp_path, HEARTBEAT_INTERVAL=1), LocalStorage(tmp_path), "coord", threading.Event())
+    s = c.open_experiment()
+    own = Exchange(LocalStorage(tmp_path), Layout("exp"), "coord", s.run_id)
+    reads = c.exchange.stats["reads"]
+    for n in range(1, 4):
+        own.write_peer(
+            PeerRecord(
+                node_id="coord",
+                role="coordinator",
+                run_id=s.run_id,
+                registered_at=1.0,
+                heartbeat=n,
+                heartbeat_at=1.0,
+                status="alive",
+            )
+        )
+        assert c.observe(float(n), every=True) == frozenset()
+    assert c.exchange.stats["reads"] == reads

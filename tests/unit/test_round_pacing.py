@@ -29,11 +29,11 @@ def test_the_round_clock_expects_the_median_round_length_after_the_last_opening(
         rounds.opened(round_, at)
     assert rounds.length() == 4.0  # spans 4, 3, 4
     at, window = rounds.next_open()
-    assert at == 25.0 and window == pytest.approx(0.4), "how much the lengths varied, at most a tenth of a round"
+    assert at == 25.0 and window == pytest.approx(1.0), "how much the lengths varied, at most a quarter of a round"
     irregular = RoundClock()
     for round_, at in [(0, 0.0), (1, 20.0), (2, 80.0), (3, 100.0)]:  # one round closed on a 60 s deadline
         irregular.opened(round_, at)
-    assert irregular.next_open() == (120.0, pytest.approx(2.0))
+    assert irregular.next_open() == (120.0, pytest.approx(5.0))
     pacer = Pacer(Backoff(0.5, 10.0), brisk=0.1, clock=Clock())
     pacer.expect(*irregular.next_open())
     assert pacer.window == pytest.approx(MAX_BRISK_POLLS * 0.1), (
@@ -66,10 +66,40 @@ def test_the_pacer_sleeps_to_the_window_polls_briskly_in_it_and_backs_off_after(
     assert after[0] == pytest.approx(0.1) and after[-1] > 0.5, "after the window it backs off again from brisk"
 
 
-def test_without_an_expected_moment_the_pacer_is_the_backoff():
+def test_without_an_expected_moment_the_pacer_is_the_backoff_started_brisk():
+    """A node's first rounds, before two openings were seen: the backoff, from the brisk delay after a reset (a
+    wait sees its event within about a third of the time waited), from its minimum once something is expected."""
     a = Pacer(Backoff(0.5, 10.0, rng=random.Random(1)), brisk=0.1, clock=Clock())
     b = Backoff(0.5, 10.0, rng=random.Random(1))
     assert [a.next() for _ in range(8)] == [b.next() for _ in range(8)]
+    a.reset()
+    b.reset(0.1)
+    assert [a.next() for _ in range(8)] == [b.next() for _ in range(8)]
+    a.expect(100.0, 0.2)
+    a.reset()
+    assert a.next() >= 0.4, "expecting a moment, the backoff starts from its minimum again"
+
+
+def test_announced_openings_free_the_expected_moment_of_this_worker_s_own_pickup_delays():
+    """A worker saw each round open some varying time after the coordinator opened it: the lengths between the
+    announced times (the state's round_opened_at) are the true ones, and the moment is put on this worker's clock
+    by the quickest pickup seen; the same sightings without the announced times expect the next round late."""
+    announced = [1000.0, 1004.0, 1008.0, 1012.0]  # the coordinator's wall clock: 4 s rounds
+    offset = -900.0  # this worker's monotonic clock against that wall clock
+    pickups = [0.1, 0.9, 0.2, 0.9]  # how late it saw each round open
+    with_times, without = RoundClock(), RoundClock()
+    for round_, (a, p) in enumerate(zip(announced, pickups, strict=True)):
+        with_times.opened(round_, a + offset + p, a)
+        without.opened(round_, a + offset + p)
+    truth = 1016.0 + offset
+    at, window = with_times.next_open()
+    assert at == pytest.approx(truth + 0.1) and window == pytest.approx(0.2), "the quickest pickup, steady rounds"
+    late_at, _ = without.next_open()
+    assert late_at - truth > 0.5, "the last pickup's delay carries over"
+    garbage = RoundClock()  # a forged round_opened_at going backwards: the worker's own sightings are used
+    for round_, (a, p) in enumerate(zip(reversed(announced), pickups, strict=True)):
+        garbage.opened(round_, announced[round_] + offset + p, a)
+    assert garbage.next_open() == without.next_open()
 
 
 def test_a_worker_that_waits_for_the_next_round_picks_it_up_within_a_brisk_poll_of_the_expected_moment():
