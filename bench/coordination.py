@@ -218,6 +218,7 @@ class EmulatorProcess:
         "sys.path.insert(0, sys.argv[1])\n"
         "from drive_emulator import DriveEmulator\n"
         "emu = DriveEmulator().start()\n"
+        "import time\n"
         "print(json.dumps({'root_id': emu.root_id, 'doc': emu.discovery_document()}), flush=True)\n"
         "for line in sys.stdin:\n"
         "    cmd, _, arg = line.strip().partition(' ')\n"
@@ -225,7 +226,7 @@ class EmulatorProcess:
         "        emu.call_latency_s = float(arg)\n"
         "    if cmd == 'quit':\n"
         "        break\n"
-        "    print(len(emu.requests), flush=True)\n"
+        "    print(len(emu.requests), time.process_time(), flush=True)\n"
         "emu.stop()\n"
     )
 
@@ -239,11 +240,13 @@ class EmulatorProcess:
         hello = json.loads(self._proc.stdout.readline())
         self.root_id, self._doc = hello["root_id"], hello["doc"]
 
-    def _ask(self, line: str) -> int:
+    def _ask(self, line: str) -> tuple[int, float]:
+        """(requests served, CPU seconds used) after the command."""
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._proc.stdin.write(line + "\n")
         self._proc.stdin.flush()
-        return int(self._proc.stdout.readline())
+        count, cpu = self._proc.stdout.readline().split()
+        return int(count), float(cpu)
 
     @property
     def call_latency_s(self) -> float:
@@ -254,7 +257,11 @@ class EmulatorProcess:
         self._ask(f"latency {value}")
 
     def request_count(self) -> int:
-        return self._ask("count")
+        return self._ask("count")[0]
+
+    def cpu_s(self) -> float:
+        """CPU seconds the emulator's process has used."""
+        return self._ask("count")[1]
 
     def service(self) -> Any:
         """A Drive client on the child's server, built as ``DriveEmulator.service`` builds one."""
@@ -329,6 +336,8 @@ def run_swarm(spec: RunSpec, folder: Path, emulator: Any = None, timeout_s: floa
         for role, node in roles
     ]
     requests_before = request_count(emulator) if emulator is not None else 0
+    emulator_cpu = getattr(emulator, "cpu_s", None)
+    emulator_cpu_before = emulator_cpu() if emulator_cpu is not None else 0.0
     cpu_before = time.process_time()
     started = time.monotonic()
     for node in nodes:
@@ -358,6 +367,8 @@ def run_swarm(spec: RunSpec, folder: Path, emulator: Any = None, timeout_s: floa
     )
     if emulator is not None:
         result["emulator_requests"] = request_count(emulator) - requests_before
+        if emulator_cpu is not None:  # near 1: the emulator, not the protocol, sets the pace
+            result["emulator_cpu_per_wall"] = (emulator_cpu() - emulator_cpu_before) / wall if wall > 0 else None
     return result
 
 
@@ -547,13 +558,14 @@ def render(result: dict[str, Any]) -> str:
             r["coordinator_per_round"].get("api_calls") if r["spec"]["backend"] == "drive" else None,
             r["wall_s"],
             r.get("cpu_per_wall"),
+            r.get("emulator_cpu_per_wall"),
         ]
         for r in runs
     ]
     header = [
         "backend", "poll", "J", "N", "all done", "overhead med (s)", "overhead max (s)", "coord (s)", "pickup (s)",
         "worker calls/round", "bytes read/round", "bytes written/round", "worker API calls/round",
-        "coord calls/round", "coord API calls/round", "wall (s)", "CPU s per wall s",
+        "coord calls/round", "coord API calls/round", "wall (s)", "CPU s per wall s", "emulator CPU s per wall s",
     ]  # fmt: skip
     slopes = [
         [g["backend"], g["poll"], g["transplant"], ",".join(map(str, g["workers"])), *g["slope_vs_n"].values()]
