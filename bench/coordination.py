@@ -264,15 +264,12 @@ class EmulatorProcess:
         return self._ask("count")[1]
 
     def service(self) -> Any:
-        """A Drive client on the child's server, built as ``DriveEmulator.service`` builds one."""
-        import google_auth_httplib2
-        import httplib2
-        from google.auth.credentials import AnonymousCredentials
-        from googleapiclient.discovery import build_from_document
+        """A Drive client on the child's server, as ``DriveEmulator.service`` makes one."""
+        if str(TESTS_DIR) not in sys.path:
+            sys.path.insert(0, str(TESTS_DIR))
+        from drive_emulator import client_for
 
-        http = httplib2.Http(timeout=10)
-        http.redirect_codes = http.redirect_codes - {308}
-        return build_from_document(self._doc, http=google_auth_httplib2.AuthorizedHttp(AnonymousCredentials(), http))
+        return client_for(self._doc)
 
     def stop(self) -> None:
         if self._proc.poll() is None:

@@ -519,6 +519,19 @@ def _template_regex(template: str) -> re.Pattern[str]:
     return re.compile("^" + re.sub(r"\\{(\w+)\\}", r"(?P<\1>[^/]+)", re.escape(template)) + "$")
 
 
+def client_for(discovery_document: dict):
+    """A Drive client for an emulator's discovery document (its rootUrl names the server, maybe in another
+    process): anonymous credentials over httplib2.Http(timeout=10).
+
+    308 is taken out of httplib2's redirect codes, as googleapiclient.http.build_http() does, or a
+    resumable upload's "308 Resume Incomplete" would be followed as a redirect.
+    """
+    http = httplib2.Http(timeout=10)
+    http.redirect_codes = http.redirect_codes - {308}
+    authed = google_auth_httplib2.AuthorizedHttp(AnonymousCredentials(), http=http)
+    return build_from_document(discovery_document, http=authed)
+
+
 class _Probe(dict):
     """The fields of a file that ``q`` can test (see ``_clause``); ``trashed``, which walks the ancestors, only when
     a predicate asks for it."""
@@ -684,15 +697,8 @@ class DriveEmulator:
         return json.loads(self._doc_text)
 
     def service(self):
-        """A Drive client on this emulator: anonymous credentials over httplib2.Http(timeout=10).
-
-        308 is taken out of httplib2's redirect codes, as googleapiclient.http.build_http() does, or a
-        resumable upload's "308 Resume Incomplete" would be followed as a redirect.
-        """
-        http = httplib2.Http(timeout=10)
-        http.redirect_codes = http.redirect_codes - {308}
-        authed = google_auth_httplib2.AuthorizedHttp(AnonymousCredentials(), http=http)
-        return build_from_document(self.discovery_document(), http=authed)
+        """A Drive client on this emulator (:func:`client_for`)."""
+        return client_for(self.discovery_document())
 
     # ------------------------------------------------------------------------- awkward switches
 

@@ -411,17 +411,14 @@ class Exchange:
     def _make_folders(self, folders: list[str], what: str) -> bool:
         """make_dirs of each folder; something planted in the way is logged, an unavailable store ends it early.
         True when the store answered every call."""
-        try:
-            for folder in folders:
-                try:
-                    make_dirs(self.storage, folder)
-                except StorageUnavailableError:
-                    raise
-                except OSError as exc:
-                    self._reject(folder, f"{what}: {os_reason(exc)}")
-        except StorageUnavailableError as exc:
-            logger.warning("%s %s: the store is unavailable (%s)", ", ".join(folders), what, exc)
-            return False
+        for folder in folders:
+            try:
+                make_dirs(self.storage, folder)
+            except StorageUnavailableError as exc:
+                logger.warning("%s %s: the store is unavailable (%s)", ", ".join(folders), what, exc)
+                return False
+            except OSError as exc:
+                self._reject(folder, f"{what}: {os_reason(exc)}")
         return True
 
     def prepare_round(self, round_: int, stages: int) -> None:

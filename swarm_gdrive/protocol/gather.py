@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from swarm_gdrive.protocol.exchange import NOT_ASKED, OVER_BUDGET, Exchange, ReadBudget
 from swarm_gdrive.protocol.polling import Backoff, wait_for
 from swarm_gdrive.protocol.records import RolloutBatch, RolloutGroup
-from swarm_gdrive.protocol.sapo import ScoredGroup, rng_for
+from swarm_gdrive.protocol.sapo import ScoredGroup, Selection, rng_for, select_external, select_in_order
 from swarm_gdrive.protocol.workload import StageContext
 
 #: Re-scores another node's group from its provenance (``Workload.rescore``); None drops it.
@@ -40,8 +40,8 @@ class Gathered:
     """Other nodes' rollouts of one stage, re-scored locally, by source node.
 
     ``order``: with SAPO_MAX_PEERS > 0, the drawn order of every (peer, k) slot, the k-th group of a peer's batch
-    in group id order (:meth:`slot`); :func:`~swarm_gdrive.protocol.sapo.select_in_order` takes the first J useful
-    ones. None: every peer was read, and the J are sampled from the whole pool."""
+    in group id order (:meth:`slot`), of which :meth:`select` takes the first J useful ones. None: every peer was
+    read, and the J are sampled from the whole pool."""
 
     batches: dict[str, RolloutBatch] = field(default_factory=dict)
     scored: dict[str, list[ScoredGroup]] = field(default_factory=dict)
@@ -58,6 +58,13 @@ class Gathered:
             return None
         group_id = sorted(g.group_id for g in batch.groups)[k]
         return next((g for g in self.scored.get(peer, []) if g.group.group_id == group_id), None)
+
+    def select(self, j: int, ctx: StageContext) -> Selection:
+        """The J external groups (SAPO): the first useful slots of the drawn order when there is one, else a uniform
+        sample of the whole pool seeded by (SEED, node, round, stage)."""
+        if self.order is not None:
+            return select_in_order(self.order, self.slot, self.pool(), j)
+        return select_external(self.pool(), j, rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage))
 
     def complete(self) -> set[str]:
         """Peers whose batch of the stage is complete."""

@@ -78,20 +78,13 @@ class Heartbeat:
             self._look_for_twin()
         if self.stepped_down:
             return
-        with self._lock:
-            self._record = self._record.model_copy(
-                update={"heartbeat": self._record.heartbeat + 1, "heartbeat_at": time.time(), "status": status}
-            )
-            record = self._record
-        try:
-            self._exchange.write_peer(record)
-        except OSError as exc:
-            logger.warning("heartbeat write failed: %s", exc)
+        self._write(status=status)
 
-    def _write_once_more(self) -> None:
+    def _write(self, **update: object) -> None:
+        """Write the record with the next heartbeat number (and ``update``); a failure is logged, never raised."""
         with self._lock:
             self._record = self._record.model_copy(
-                update={"heartbeat": self._record.heartbeat + 1, "heartbeat_at": time.time()}
+                update={"heartbeat": self._record.heartbeat + 1, "heartbeat_at": time.time(), **update}
             )
             record = self._record
         try:
@@ -143,7 +136,7 @@ class Heartbeat:
         if step_down:
             # One last write of this registration, so that the other process sees it at its next look: each of
             # this one's writes may have landed between the other's read and its write, and been overwritten unseen.
-            self._write_once_more()
+            self._write()
             self.stepped_down = True
             self._stop.set()
         if self._on_twin is not None:

@@ -115,38 +115,43 @@ class RoundClock:
             announced = None
         self._opened = [*self._opened, (round_, at, announced)][-(self.history + 1) :]
 
-    def _announced(self) -> bool:
-        """Every remembered opening has an announced time, each later than the one before."""
-        times = [a for _, _, a in self._opened]
-        return all(a is not None for a in times) and all(b > a for a, b in zip(times, times[1:], strict=False))
+    def _times(self) -> list[tuple[int, float]]:
+        """(round, opening) of the remembered rounds: the announced openings where every one has a later one than
+        the one before, else this node's sightings."""
+        announced = [a for _, _, a in self._opened]
+        usable = all(a is not None for a in announced) and all(
+            b > a
+            for a, b in zip(announced, announced[1:], strict=False)  # type: ignore[operator]
+        )
+        return [(r, a if usable and a is not None else at) for r, at, a in self._opened]
 
-    def _spans(self, announced: bool) -> list[float]:
-        i = 2 if announced else 1
-        pairs = zip(self._opened, self._opened[1:], strict=False)
-        return sorted(b[i] - a[i] for a, b in pairs if b[0] == a[0] + 1 and b[i] > a[i])  # type: ignore[operator]
+    @staticmethod
+    def _spans(times: list[tuple[int, float]]) -> list[float]:
+        pairs = zip(times, times[1:], strict=False)
+        return sorted(b[1] - a[1] for a, b in pairs if b[0] == a[0] + 1 and b[1] > a[1])
 
     def length(self) -> float | None:
         """The median length of the last rounds that followed one another (the lower of the middle two of an even
         number: expecting a round early costs a few brisk polls, expecting it late a backed-off sleep through
         it), or None before two openings were seen."""
-        spans = self._spans(self._announced())
+        spans = self._spans(self._times())
         return spans[(len(spans) - 1) // 2] if spans else None
 
     def next_open(self) -> tuple[float, float] | None:
         """(expected moment, window) of the next round's opening, or None while there is nothing to go on. The
         window, either side, is how much the last rounds' lengths varied (their range), between a twentieth and
-        a tenth of a round (a tenth while only one length is known); the :class:`Pacer` caps it further."""
-        announced = self._announced()
-        spans = self._spans(announced)
+        a quarter of a round (a tenth while only one length is known); the :class:`Pacer` caps it further."""
+        times = self._times()
+        spans = self._spans(times)
         if not spans:
             return None
         length = spans[(len(spans) - 1) // 2]
         spread = spans[-1] - spans[0] if len(spans) > 1 else 0.1 * length
         window = min(max(0.05 * length, spread), 0.25 * length)
-        if announced:
-            shift = min(at - a for _, at, a in self._opened)  # type: ignore[operator]
-            return self._opened[-1][2] + shift + length, window  # type: ignore[operator]
-        return self._opened[-1][1] + length, window
+        # On this node's clock: announced openings are the opener's, shifted by the smallest sighting delay (the
+        # clocks' offset plus the quickest pickup; 0 for this node's own sightings).
+        shift = min(at - t for (_, at, _), (_, t) in zip(self._opened, times, strict=True))
+        return times[-1][1] + shift + length, window
 
 
 def wait_for(

@@ -31,7 +31,7 @@ from swarm_gdrive.protocol.records import (
     RolloutGroup,
     StateRecord,
 )
-from swarm_gdrive.protocol.sapo import ScoredGroup, Selection, rng_for, select_external, select_in_order
+from swarm_gdrive.protocol.sapo import ScoredGroup, Selection
 from swarm_gdrive.protocol.trust import CONFIRM_SECONDS, StateFollower
 from swarm_gdrive.protocol.workload import StageContext, Workload
 from swarm_gdrive.storage import Storage
@@ -427,10 +427,7 @@ class Worker:
                 groups_per_peer=self.config.num_train_samples,
             )
             gathered = gather.run(self.stop, self.config.rollout_wait_timeout, self._gather_backoff)
-        if gathered.order is not None:  # SAPO_MAX_PEERS > 0: the peers read are those the draw landed on
-            selection = select_in_order(gathered.order, gathered.slot, gathered.pool(), j)
-        else:
-            selection = select_external(gathered.pool(), j, rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage))
+        selection = gathered.select(j, ctx)
         if selection.shortfall:
             self.log.event(
                 "external_shortfall",

@@ -150,20 +150,22 @@ def make_config(tmp_path, **extra):
     return from_env({**env, **{k: str(v) for k, v in extra.items()}})
 
 
+def peer(node_id: str, run_id: str, heartbeat: int, role: str = "worker", status: str = "alive") -> PeerRecord:
+    return PeerRecord(
+        node_id=node_id,
+        role=role,
+        run_id=run_id,
+        registered_at=1.0,
+        heartbeat=heartbeat,
+        heartbeat_at=1.0,
+        status=status,
+    )
+
+
 def submit_round(tmp_path, run_id: str, round_: int, workers: list[str]) -> None:
     ex = Exchange(LocalStorage(tmp_path), Layout("exp"), "writer", run_id)
     for w in workers:
-        ex.write_peer(
-            PeerRecord(
-                node_id=w,
-                role="worker",
-                run_id=run_id,
-                registered_at=1.0,
-                heartbeat=round_ + 1,
-                heartbeat_at=1.0,
-                status="alive",
-            )
-        )
+        ex.write_peer(peer(w, run_id, round_ + 1))
         ex.write_reward(
             RewardRecord(
                 node_id=w,
@@ -314,17 +316,7 @@ def test_a_beating_worker_costs_a_listing_and_a_silent_one_is_read_again(tmp_pat
     writer = Exchange(LocalStorage(tmp_path), Layout("exp"), "w1", s.run_id)
 
     def beat(n: int, status: str = "alive") -> None:
-        writer.write_peer(
-            PeerRecord(
-                node_id="w1",
-                role="worker",
-                run_id=s.run_id,
-                registered_at=1.0,
-                heartbeat=n,
-                heartbeat_at=1.0,
-                status=status,
-            )
-        )
+        writer.write_peer(peer("w1", s.run_id, n, status=status))
 
     beat(1)
     assert c.observe(0.0, every=False) == {"w1"}  # new: read once
@@ -391,16 +383,6 @@ def test_the_coordinator_never_downloads_its_own_peer_file(tmp_path):
     own = Exchange(LocalStorage(tmp_path), Layout("exp"), "coord", s.run_id)
     reads = c.exchange.stats["reads"]
     for n in range(1, 4):
-        own.write_peer(
-            PeerRecord(
-                node_id="coord",
-                role="coordinator",
-                run_id=s.run_id,
-                registered_at=1.0,
-                heartbeat=n,
-                heartbeat_at=1.0,
-                status="alive",
-            )
-        )
+        own.write_peer(peer("coord", s.run_id, n, role="coordinator"))
         assert c.observe(float(n), every=True) == frozenset()
     assert c.exchange.stats["reads"] == reads
