@@ -136,7 +136,15 @@ class Exchange:
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._prefetching: Future[None] | None = None  # prefetch_round under way
-        self.stats = {"reads": 0, "writes": 0, "lists": 0, "deletes": 0, "bytes_read": 0, "bytes_written": 0}
+        self.stats = {
+            "reads": 0,
+            "listed_reads": 0,  # of the reads, the ones whose bytes came in a listing (no download)
+            "writes": 0,
+            "lists": 0,
+            "deletes": 0,
+            "bytes_read": 0,
+            "bytes_written": 0,
+        }
 
     # -- generic ---------------------------------------------------------------------------
 
@@ -247,10 +255,11 @@ class Exchange:
             return self._pool
 
     def _read_listed(
-        self, folder: str, infos: Iterable[FileInfo], model: type[R], check_run: bool = True
+        self, folder: str, infos: Iterable[FileInfo], model: type[R], check_run: bool = True, inline: bool = True
     ) -> dict[str, R | None]:
-        """Several listed files of ``folder``, validated, by name: the ones new or changed since
-        their last read are downloaded together (:data:`READ_CONCURRENCY`), then validated here in order."""
+        """Several listed files of ``folder``, validated, by name: the ones new or changed since their last read
+        are taken from the listing where it carried their content (:attr:`FileInfo.inline`, unless ``inline`` is
+        False) or downloaded together (:data:`READ_CONCURRENCY`), then validated here in order."""
         infos = list(infos)
         out: dict[str, R | None] = {}
         missing: list[FileInfo] = []
@@ -261,12 +270,16 @@ class Exchange:
             else:
                 missing.append(info)
         kind = model.model_fields["kind"].default
-        fetched = self._fetch_all([f"{folder}/{i.name}" for i in missing], MAX_BYTES[kind])
-        for info, got in zip(missing, fetched, strict=True):
-            path = f"{folder}/{info.name}"
-            record = (
-                self._unread(path, kind, got) if isinstance(got, OSError) else self._verify(path, got, model, check_run)
-            )
+        got: dict[str, bytes | OSError] = {i.name: i.inline for i in missing if inline and i.inline is not None}
+        self.stats["listed_reads"] += len(got)
+        downloads = [i.name for i in missing if i.name not in got]
+        got.update(zip(downloads, self._fetch_all([f"{folder}/{n}" for n in downloads], MAX_BYTES[kind]), strict=True))
+        for info in missing:
+            path, data = f"{folder}/{info.name}", got[info.name]
+            if isinstance(data, OSError):
+                record = self._unread(path, kind, data)
+            else:
+                record = self._verify(path, data, model, check_run)
             self._cache[path] = (listing_key(info), record)
             out[info.name] = record
         return {info.name: out[info.name] for info in infos}
@@ -354,13 +367,15 @@ class Exchange:
         if entry is None or entry.is_dir:
             return self._read(self.layout.state_file, StateRecord, check_run=False)
         path = self.layout.state_file
+        unchanged = self._cached(path, entry)[0]
         if entry.version is None or time.monotonic() - self._state_read_at > STATE_REUSE_S:
             # A store whose listing has no version (whole-second mtimes: two quick writes of one size look alike),
-            # or a reuse old enough that a listing lagging behind an update may be what kept it: read again.
+            # or a reuse old enough that a listing lagging behind an update may be what kept it: read again, and
+            # not from that listing (a changed entry's own copy is newer than the last read: it may be used).
             self._cache.pop(path, None)
         if not self._cached(path, entry)[0]:
             self._state_read_at = time.monotonic()
-        return self._read_listed(folder, [entry], StateRecord, check_run=False)[name]
+        return self._read_listed(folder, [entry], StateRecord, check_run=False, inline=not unchanged)[name]
 
     def write_state(self, record: StateRecord) -> None:
         self._write(self.layout.state_file, record)

@@ -10,7 +10,7 @@ import logging
 import random
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from tenacity import (
@@ -106,6 +106,10 @@ class FileInfo:
     #: What changes with every write where the backend knows it (Drive's md5, an object store's ETag, a local
     #: file's inode, new at each atomic replace): with size and mtime, the key under which a read is reused.
     version: str | None = None
+    #: The file's whole content where the listing itself carried it and the backend checked it against the
+    #: listing's own checksum (Drive's small files, :mod:`swarm_gdrive.storage.drive`); None where it did not. A
+    #: reader may use it instead of a download; it is as untrusted as downloaded bytes.
+    inline: bytes | None = field(default=None, compare=False, repr=False)
 
 
 @runtime_checkable

@@ -109,7 +109,16 @@ YOUNG_FOLDER_S = 120.0
 RECHECK_YOUNG_S = 2.0
 #: A resumable session that Drive forgot (404/410 on a chunk) starts over, at most this many times.
 MAX_SESSION_RESTARTS = 3
-_FILE_FIELDS = "id,name,mimeType,size,md5Checksum,modifiedTime,createdTime"
+#: A small file also travels in its own listing entry, split over public ``properties`` (Drive allows 30 a file
+#: and 124 UTF-8 bytes of key and value each): ``sg00`` .. ``sg23``, 120 printable ASCII characters each, so a
+#: reader of the listing needs no download (the coordinator's reward and peer files, a worker's state: one
+#: request a file saved, GDRIVE_IMPLEMENTATION.md §15.5). Public, not ``appProperties``: those are visible only
+#: to the OAuth client that set them, and the nodes of a swarm may each use their own.
+INLINE_PARTS = 24
+INLINE_PART_CHARS = 120
+INLINE_MAX_BYTES = INLINE_PARTS * INLINE_PART_CHARS
+_INLINE_KEYS = tuple(f"sg{i:02d}" for i in range(INLINE_PARTS))
+_FILE_FIELDS = "id,name,mimeType,size,md5Checksum,modifiedTime,createdTime,properties"
 _LIST_FIELDS = f"nextPageToken,files({_FILE_FIELDS})"
 #: Shared drives (where a service account can own files) need these on every request.
 _ALL_DRIVES = {"supportsAllDrives": True}
@@ -130,6 +139,7 @@ class _Entry:
     mtime: float
     ctime: float
     parent: str = ""
+    inline: bytes | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 def _time(value: str | None) -> float:
@@ -147,7 +157,47 @@ def _entry(raw: dict[str, Any]) -> _Entry:
         raw.get("md5Checksum"),
         _time(raw.get("modifiedTime")),
         _time(raw.get("createdTime")),
+        inline=_inline_of(raw),
     )
+
+
+def inline_properties(data: bytes, clear: bool) -> dict[str, str | None]:
+    """The ``properties`` that carry ``data`` in its listing entry (see :data:`INLINE_PARTS`). Data that cannot
+    travel so (larger than :data:`INLINE_MAX_BYTES`, or not printable ASCII) gets none. With ``clear`` (an
+    update), every key not used is sent as null, which deletes what an earlier content left there."""
+    fits = 0 < len(data) <= INLINE_MAX_BYTES and all(0x20 <= b < 0x7F for b in data)
+    text = data.decode("ascii") if fits else ""
+    parts = [text[i : i + INLINE_PART_CHARS] for i in range(0, len(text), INLINE_PART_CHARS)]
+    out: dict[str, str | None] = dict(zip(_INLINE_KEYS, parts, strict=False))
+    if clear:
+        out.update(dict.fromkeys(_INLINE_KEYS[len(parts) :]))
+    return out
+
+
+def _inline_of(raw: dict[str, Any]) -> bytes | None:
+    """The content a listing entry carries in its properties, only if it is exactly the content Drive holds: its
+    length is the listed size and its md5 the listed md5Checksum, which Drive computes from the bytes. Anything
+    else (no properties, a stale copy left by a writer that does not set them, a forgery, malformed values) is
+    None: the reader downloads instead."""
+    try:
+        props = raw.get("properties")
+        if not isinstance(props, dict) or _INLINE_KEYS[0] not in props:
+            return None
+        parts: list[str] = []
+        for key in _INLINE_KEYS:
+            value = props.get(key)
+            if value is None:
+                break
+            if not isinstance(value, str) or len(value) > INLINE_PART_CHARS or not value.isascii():
+                return None
+            parts.append(value)
+        data = "".join(parts).encode("ascii")
+        md5 = raw.get("md5Checksum")
+        if not isinstance(md5, str) or len(data) != int(raw.get("size") or -1):
+            return None
+        return data if hashlib.md5(data).hexdigest() == md5 else None  # noqa: S324 - Drive's checksum is md5
+    except Exception:  # noqa: BLE001 - whatever a listing holds, it only costs a download
+        return None
 
 
 def _quote(text: str) -> str:
@@ -594,7 +644,7 @@ class DriveStorage:
         entries = self._children_all(self._parts(folder)).values()
         return sorted(
             (
-                FileInfo(e.name, e.size, e.mtime, e.is_dir, e.md5)
+                FileInfo(e.name, e.size, e.mtime, e.is_dir, e.md5, e.inline)
                 for e in entries
                 if include_hidden or not is_temporary(e.name)
             ),
@@ -705,7 +755,7 @@ class DriveStorage:
         with self._lock:
             listed = self._listing.get(entry.parent, {})
             if entry.name in listed and listed[entry.name].id == entry.id:
-                listed[entry.name] = dataclasses.replace(listed[entry.name], md5=md5, size=size)
+                listed[entry.name] = dataclasses.replace(listed[entry.name], md5=md5, size=size, inline=None)
 
     def write_bytes(self, path: str, data: bytes) -> None:
         parts = self._parts(path)
@@ -732,15 +782,20 @@ class DriveStorage:
         if existing is None:
             folder_id = self._folder(parts[:-1], create=True)
             assert folder_id is not None
-            body = {"name": name, "parents": [folder_id]}
+            body: dict[str, Any] = {"name": name, "parents": [folder_id]}
+            if properties := inline_properties(data, clear=False):
+                body["properties"] = properties
             with self._root_guard(folder_id):
                 raw = self._upload(
                     lambda media: files.create(**_ALL_DRIVES, body=body, media_body=media, fields=_FILE_FIELDS), data
                 )
         else:
             folder_id = existing.parent
+            body = {"properties": inline_properties(data, clear=True)}
             raw = self._upload(
-                lambda media: files.update(**_ALL_DRIVES, fileId=existing.id, media_body=media, fields=_FILE_FIELDS),
+                lambda media: files.update(
+                    **_ALL_DRIVES, fileId=existing.id, body=body, media_body=media, fields=_FILE_FIELDS
+                ),
                 data,
             )
         self._count("bytes_up", len(data))

@@ -316,3 +316,73 @@ def test_after_a_failed_write_the_next_one_looks_for_a_copy_first(emu):
     before = calls(emu)
     storage.write_bytes("exp/rewards/round_0/stage_1/w1.json", b"3")
     assert [m for m, _ in emu.requests[before:]] == ["POST"], "another path: no lookup"
+
+
+def _properties(emu: DriveEmulator, name: str) -> dict:
+    (resource,) = [f for f in emu.files() if f["name"] == name and not f.get("trashed")]
+    return resource.get("properties", {})
+
+
+def test_a_small_file_travels_in_its_listing_entry_and_the_reader_needs_no_download(emu):
+    """A writer puts a small file's bytes in its public properties; another node's listing carries them, checked
+    against Drive's md5, so reading costs that listing alone. A large or non-ASCII content clears them."""
+    writer, reader = storage_for(emu), storage_for(emu)
+    small = b'{"kind":"reward","node_id":"w1","reward":0.5}' * 20  # 920 bytes: 8 properties
+    writer.write_bytes("inl/w1.json", small)
+    (info,) = reader.list("inl")
+    assert info.inline == small and not [p for _, p in emu.requests if "alt=media" in p]  # no download
+    assert len(_properties(emu, "w1.json")) == 8
+
+    big = b"x" * (drive_module.INLINE_MAX_BYTES + 1)
+    writer.write_bytes("inl/w1.json", big)  # an update by id: the stale copy must go
+    assert _properties(emu, "w1.json") == {}
+    (info,) = reader.list("inl")
+    assert info.inline is None and reader.read_bytes("inl/w1.json", len(big)) == big
+
+    writer.write_bytes("inl/w1.json", b"short")
+    assert reader.list("inl")[0].inline == b"short" and _properties(emu, "w1.json") == {"sg00": "short"}
+    for awkward in ("caf\u00e9".encode(), b"line\n", b""):
+        writer.write_bytes("inl/w1.json", awkward)
+        assert reader.list("inl")[0].inline is None and reader.read_bytes("inl/w1.json") == awkward
+    assert drive_module.INLINE_MAX_BYTES == 2880
+
+
+def test_a_listing_copy_unlike_the_content_is_ignored_and_hostile_properties_never_crash(emu):
+    """What another writer left in the properties counts only if it is byte for byte the content Drive holds."""
+    folder = emu.create_duplicate_folder(emu.root_id, "swarm")
+    folder = emu.create_duplicate_folder(folder, "hostile")
+    planted = {
+        "forged.json": (b'{"a":"garbage"}', {"sg00": '{"a":"genuine"}'}),  # same size, other bytes
+        "stale.json": (b'{"a":1,"b":2}', {"sg00": '{"a":1}'}),
+        "gap.json": (b"x" * 130, {"sg00": "x" * 120, "sg02": "x" * 10}),  # sg01 missing
+        "long.json": (b"y" * 121, {"sg00": "y" * 121}),  # longer than a part may be (Drive would refuse it too)
+        "unicode.json": (b"\xc3\xa9", {"sg00": "\u00e9"}),
+        "folderish.json": (b"{}", {"sg00": ["{}"]}),
+    }
+    for name, (data, props) in planted.items():
+        emu.create_file(folder, name, data, properties=props)
+    reader = storage_for(emu)
+    listed = {i.name: i for i in reader.list("hostile")}
+    assert set(listed) == set(planted)
+    assert all(info.inline is None for info in listed.values())
+    assert reader.read_bytes("hostile/forged.json") == b'{"a":"garbage"}'
+    # The control: the same planting with the genuine copy is carried.
+    emu.create_file(folder, "honest.json", b'{"a":"genuine"}', properties={"sg00": '{"a":"genuine"}'})
+    assert {i.name: i.inline for i in reader.list("hostile")}["honest.json"] == b'{"a":"genuine"}'
+
+
+def test_the_emulator_enforces_drives_property_limits_and_the_scheme_fits_them(emu):
+    """The instrument: an encoding over Drive's limits (30 public properties, 124 bytes a key and value) fails
+    against the emulator, and the largest content carried inline uses at most that."""
+    service = emu.service()
+    over = [
+        {f"k{i}": "v" for i in range(31)},
+        {"k": "v" * 124},  # 125 bytes
+    ]
+    for props in over:
+        with pytest.raises(Exception, match="400|limit"):
+            service.files().create(body={"name": "p", "properties": props}).execute()
+    service.files().create(body={"name": "p", "properties": {f"k{i:02d}": "v" * 121 for i in range(30)}}).execute()
+    service.files().create(body={"name": "p", "properties": {"k": "v" * 123}}).execute()  # 124 bytes: the limit
+    storage_for(emu).write_bytes("fit/max.json", b"z" * drive_module.INLINE_MAX_BYTES)
+    assert len(_properties(emu, "max.json")) == drive_module.INLINE_PARTS <= 30

@@ -13,6 +13,7 @@ round's decision; before that, the coordinator never counts a submission that th
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 import threading
@@ -22,11 +23,13 @@ from pathlib import Path
 import pytest
 
 from swarm_gdrive.config import from_env
+from swarm_gdrive.protocol import exchange as exchange_module
 from swarm_gdrive.protocol.coordinator import Coordinator, decide
 from swarm_gdrive.protocol.exchange import Exchange
 from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.protocol.records import PeerRecord, RewardRecord, StateRecord, encode
 from swarm_gdrive.storage import drive as drive_module
+from swarm_gdrive.storage.base import FileInfo
 from swarm_gdrive.storage.drive import DriveStorage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -119,6 +122,15 @@ class Swarm:
         folder, name = path.rsplit("/", 1)
         self.emu.create_file(self.folder_id(folder), name, data)
 
+    def forge_inline(self, worker: str) -> None:
+        """A newer copy of the worker's reward whose properties carry a valid record while its content is
+        garbage: a reader that trusted the properties would count a submission no download shows."""
+        path = self.layout.reward_file(0, 0, worker)
+        folder, name = path.rsplit("/", 1)
+        genuine = encode(self.reward(worker))
+        carried = drive_module.inline_properties(genuine, clear=False)
+        self.emu.create_file(self.folder_id(folder), name, b"x" * len(genuine), properties=carried)
+
     def duplicate_round_with(self, worker: str) -> None:
         """A lagging worker made its own rewards/round_0 and wrote its reward into it."""
         rewards = self.folder_id(self.layout.rewards_dir)
@@ -127,13 +139,26 @@ class Swarm:
         self.emu.create_file(stage_dir, f"{worker}.json", encode(self.reward(worker)))
 
 
+class Downloading:
+    """A Drive backend whose listings carry no content: every file the reference reads is downloaded."""
+
+    def __init__(self, inner: DriveStorage) -> None:
+        self.inner = inner
+
+    def list(self, folder: str, include_hidden: bool = False) -> list[FileInfo]:
+        return [dataclasses.replace(info, inline=None) for info in self.inner.list(folder, include_hidden)]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
 def reference(
     emu: DriveEmulator, layout: Layout, run_id: str, registered: set[str]
 ) -> tuple[frozenset[str], frozenset[str]]:
     """(live, submitted) from reading every peer and reward file afresh: live workers are the ones whose newest
     peer record is a valid worker's, alive; submissions count for names that ever registered as a worker
     (``registered`` collects them)."""
-    ex = Exchange(storage(emu), layout, "reference", run_id)
+    ex = Exchange(Downloading(storage(emu)), layout, "reference", run_id)
     records = {node: seen.record for node, seen in ex.read_peers().items()}
     workers = {n for n, r in records.items() if isinstance(r, PeerRecord) and r.role == "worker"}
     registered |= workers
@@ -152,7 +177,17 @@ def decision(state: StateRecord, live: frozenset[str], submitted: frozenset[str]
     return (d.reason, None if d.state is None else (d.state.round, d.state.status, tuple(d.state.live_workers)))
 
 
-ACTIONS = ["beat", "beat", "submit", "garbage_reward", "garbage_peer", "stop", "stranger", "duplicate_round"]
+ACTIONS = [
+    "beat",
+    "beat",
+    "submit",
+    "garbage_reward",
+    "forged_inline",
+    "garbage_peer",
+    "stop",
+    "stranger",
+    "duplicate_round",
+]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -174,6 +209,8 @@ def test_the_decision_from_listings_is_the_decision_from_reading_every_file(emu,
                 swarm.submit(worker)
             elif action == "garbage_reward":
                 swarm.plant(swarm.layout.reward_file(0, 0, worker), b'{"kind": "reward", "node_id": 7}')
+            elif action == "forged_inline":
+                swarm.forge_inline(worker)
             elif action == "garbage_peer":
                 swarm.plant(swarm.layout.peer_file(worker), b"\xff not json")
             elif action == "stop":
@@ -196,18 +233,45 @@ def test_the_decision_from_listings_is_the_decision_from_reading_every_file(emu,
     assert compared == 6
 
 
-def test_reward_files_are_downloaded_once_each_and_together(emu, tmp_path):
-    """Polling the round again costs a listing: no reward file is downloaded twice; the four are fetched at once."""
+@pytest.mark.parametrize("carried", [True, False], ids=["in-listing", "downloaded"])
+def test_reward_files_are_read_once_each_from_the_listing_or_downloaded_together(emu, tmp_path, carried):
+    """Rewards written by this package travel in the listing: the coordinator's poll of the round is that listing
+    and no download. Rewards without that copy (a writer on a mounted folder, which sets no properties) are
+    downloaded, the four at once. Either way, polling again costs a listing: nothing is read twice."""
     swarm = Swarm(emu, tmp_path)
     for w in WORKERS:
         swarm.beat(w)
-        swarm.submit(w)
+        if carried:
+            swarm.submit(w)
+        else:
+            folder, name = swarm.layout.reward_file(0, 0, w).rsplit("/", 1)
+            emu.create_file(swarm.folder_id(folder), name, encode(swarm.reward(w)))
     time.sleep(LAG_S + 0.05)
     c = swarm.coordinator
     assert c.observe(0.0) == frozenset(WORKERS)
-    before = c.exchange.stats["reads"]
+    before = dict(c.exchange.stats)
+    down_before = c.exchange.storage.counters["bytes_down"]
     assert c.submissions(swarm.state) == frozenset(WORKERS)
-    assert c.exchange.stats["reads"] - before == len(WORKERS)
+    assert c.exchange.stats["reads"] - before["reads"] == len(WORKERS)
+    assert c.exchange.stats["listed_reads"] - before["listed_reads"] == (len(WORKERS) if carried else 0)
+    downloaded = c.exchange.storage.counters["bytes_down"] - down_before
+    read = c.exchange.stats["bytes_read"] - before["bytes_read"]
+    assert read > 0 and downloaded == (0 if carried else read)
     again = c.exchange.stats["reads"]
     assert c.submissions(swarm.state) == frozenset(WORKERS)
-    assert c.exchange.stats["reads"] == again, "an unchanged reward is not downloaded again"
+    assert c.exchange.stats["reads"] == again, "an unchanged reward is not read again"
+
+
+def test_a_state_poll_is_its_listing_and_a_reuse_grown_old_downloads(emu, tmp_path, monkeypatch):
+    """The state travels in the listing of ``state/``; once STATE_REUSE_S has passed, the state is downloaded,
+    not taken from a listing that may lag behind the update."""
+    swarm = Swarm(emu, tmp_path)
+    time.sleep(LAG_S + 0.05)
+    reader = Exchange(storage(emu), swarm.layout, "w1", swarm.run_id)
+    state = reader.read_state_file()
+    assert state is not None and state.run_id == swarm.run_id
+    assert reader.stats["listed_reads"] == 1 and reader.storage.counters["bytes_down"] == 0
+    monkeypatch.setattr(exchange_module, "STATE_REUSE_S", 0.0)
+    time.sleep(0.01)
+    assert reader.read_state_file() == state
+    assert reader.stats["listed_reads"] == 1 and reader.storage.counters["bytes_down"] > 0
