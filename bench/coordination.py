@@ -169,21 +169,24 @@ class RunSpec:
     poll: str = "default"  # "default" (the package's POLL_INTERVAL_MIN/MAX) or "MIN:MAX" seconds
     latency_s: float = 0.0  # Drive emulator: delay of every request
     measure_from: int = 1  # the first round measured (0 joins; later, a steady state where no folder is young)
+    completion_chars: int = 0  # each completion padded to about this length (0: the bare answer)
 
     @property
     def name(self) -> str:
         latency = f"-lat{self.latency_s:g}" if self.backend == "drive" else ""
         tail = f"-from{self.measure_from}" if self.measure_from != 1 else ""
+        tail += f"-c{self.completion_chars}" if self.completion_chars else ""
         return f"{self.backend}{latency}-n{self.workers}-j{self.transplant}-poll{self.poll.replace(':', '_')}{tail}"
 
 
 class NodeThread(threading.Thread):
     """One node (coordinator or worker) of the swarm in a thread, on its own counted backend."""
 
-    def __init__(self, config: Config, storage: CountingStorage) -> None:
+    def __init__(self, config: Config, storage: CountingStorage, completion_chars: int = 0) -> None:
         super().__init__(daemon=True, name=config.node_id)
         self.config = config
         self.storage = storage
+        self.completion_chars = completion_chars
         self.stop = threading.Event()
         self.code: int | None = None
         self.error: str | None = None
@@ -197,7 +200,9 @@ class NodeThread(threading.Thread):
             identity = claim_identity(self.config.local_dir, self.config.experiment_name, "worker", self.config.node_id)
             c = self.config
             self.workload = RecordingWorkload(
-                SyntheticWorkload(c.num_train_samples, c.num_generations, c.synthetic_step_seconds, self.stop)
+                SyntheticWorkload(
+                    c.num_train_samples, c.num_generations, c.synthetic_step_seconds, self.stop, self.completion_chars
+                )
             )
             try:
                 self.code = Worker(self.config, self.storage, identity, self.workload, self.stop).run()
@@ -329,7 +334,11 @@ def run_swarm(spec: RunSpec, folder: Path, emulator: Any = None, timeout_s: floa
     env = swarm_env(spec, gdrive_path, folder / "local", experiment)
     roles = [("coordinator", "coord")] + [("worker", f"w{i}") for i in range(1, spec.workers + 1)]
     nodes = [
-        NodeThread(from_env({**env, "NODE_ROLE": role, "NODE_ID": node}), CountingStorage(make_storage(), layout))
+        NodeThread(
+            from_env({**env, "NODE_ROLE": role, "NODE_ID": node}),
+            CountingStorage(make_storage(), layout),
+            spec.completion_chars,
+        )
         for role, node in roles
     ]
     requests_before = request_count(emulator) if emulator is not None else 0
@@ -603,14 +612,13 @@ def render(result: dict[str, Any]) -> str:
 HOW = (
     "Nodes: one coordinator and N workers as threads of one Python process (one interpreter lock), each with its "
     "own backend instance; synthetic workload (I={samples}, G={generations}, {step:g} s simulated compute per "
-    "round), {rounds} rounds, one stage. Overhead: last worker's reward write returned -> every worker called "
-    "generate for the next round (median over the round transitions into the rounds measured); coord: -> "
-    "coordinator's state write returned; pickup: state write -> last worker started. Calls/bytes: mean per worker "
-    "per round over the rounds measured, {measure_from}.. (round 0 is joining), heartbeats and log flushes "
-    "included; a Drive request is charged to the storage call of the thread "
-    "that made it. poll 'default' = the package's POLL_INTERVAL_MIN/MAX. CPU s per wall s: the process's CPU "
-    "time over the run's wall time; near 1 the interpreter lock, not the protocol, sets the pace. The Drive "
-    "emulator: {emulator}."
+    "round, completions of {chars}), {rounds} rounds, one stage. Overhead: last worker's reward write returned -> "
+    "every worker called generate for the next round (median over the round transitions into the rounds measured); "
+    "coord: -> coordinator's state write returned; pickup: state write -> last worker started. Calls/bytes: mean "
+    "per worker per round over the rounds measured, {measure_from}.. (round 0 is joining), heartbeats and log "
+    "flushes included; a Drive request is charged to the storage call of the thread that made it. poll 'default' = "
+    "the package's POLL_INTERVAL_MIN/MAX. CPU s per wall s: the process's CPU time over the run's wall time; near 1"
+    " the interpreter lock, not the protocol, sets the pace. The Drive emulator: {emulator}."
 )
 
 
@@ -633,6 +641,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=4, help="I")
     p.add_argument("--generations", type=int, default=4, help="G")
     p.add_argument("--step-seconds", type=float, default=0.5, help="simulated compute per round")
+    p.add_argument(
+        "--completion-chars",
+        type=int,
+        default=0,
+        help="pad each completion to about this many characters (0: the bare answer, as before; a model's "
+        "completion of 256 tokens is about 1000): rollout batches as large as real ones, too large to travel in a "
+        "Drive listing",
+    )
     p.add_argument("--latency", type=float, default=0.15, help="Drive emulator: seconds per request")
     p.add_argument(
         "--emulator-process",
@@ -653,6 +669,7 @@ def plan(args: argparse.Namespace) -> list[RunSpec]:
         generations=args.generations,
         step_seconds=args.step_seconds,
         measure_from=args.measure_from,
+        completion_chars=args.completion_chars,
     )
     polls = [p for p in args.polls.split(",") if p]
     specs = []
@@ -702,6 +719,7 @@ def main(argv: list[str] | None = None) -> int:
             samples=args.samples,
             generations=args.generations,
             step=args.step_seconds,
+            chars=f"about {args.completion_chars} characters" if args.completion_chars else "a bare answer",
             rounds=args.rounds,
             measure_from=args.measure_from,
             emulator="a process of its own (its CPU time is not in CPU s per wall s)"

@@ -75,17 +75,25 @@ class SyntheticWorkload:
 
     Questions are regenerated from (seed, index), so re-scoring checks provenance the same
     way the real workload does. ``train`` performs no update; it simulates compute time.
+    ``completion_chars`` pads each completion after its answer to about that length (a benchmark's
+    stand-in for a model's text: a rollout batch as large as a real one); the answer still decides the reward.
     """
 
     stateless = True  # no model: nothing to checkpoint or resume
     restored_digest: str | None = None
 
     def __init__(
-        self, num_samples: int, num_generations: int, step_seconds: float, stop: threading.Event | None = None
+        self,
+        num_samples: int,
+        num_generations: int,
+        step_seconds: float,
+        stop: threading.Event | None = None,
+        completion_chars: int = 0,
     ) -> None:
         self.num_samples = num_samples
         self.num_generations = num_generations
         self.step_seconds = step_seconds
+        self.completion_chars = completion_chars
         self._stop = stop or threading.Event()
 
     @staticmethod
@@ -96,14 +104,20 @@ class SyntheticWorkload:
 
     @staticmethod
     def score(completion: str, answer: int) -> float:
-        return 1.0 if completion.strip() == str(answer) else 0.0
+        words = completion.split()
+        return 1.0 if words and words[0] == str(answer) else 0.0
+
+    def _completion(self, value: int) -> str:
+        text = str(value)
+        pad = self.completion_chars - len(text) - 1
+        return f"{text} {'x' * pad}" if pad > 0 else text
 
     def generate(self, ctx: StageContext) -> Iterator[RolloutGroup]:
         rng = rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="synthetic-generate")
         for i in range(self.num_samples):
             index = rng.randrange(2**31)
             text, answer = self.question(ctx.seed, index)
-            completions = [str(answer + rng.choice((-1, 0, 0, 1))) for _ in range(self.num_generations)]
+            completions = [self._completion(answer + rng.choice((-1, 0, 0, 1))) for _ in range(self.num_generations)]
             yield RolloutGroup(
                 group_id=f"r{ctx.round}-s{ctx.stage}-g{i}",
                 task=SYNTHETIC_DATASET,

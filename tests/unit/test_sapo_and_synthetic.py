@@ -68,6 +68,19 @@ def test_synthetic_rescore_recomputes_rewards_and_rejects_forged_questions():
     assert work.rescore(ctx, wrong_dataset) is None
 
 
+def test_padded_synthetic_completions_are_as_long_as_asked_and_score_as_the_bare_ones():
+    """The benchmark's ``--completion-chars``: batches as large as a model's, the same answers and rewards."""
+    ctx = StageContext("w1", 3, 0, 42)
+    bare = list(SyntheticWorkload(4, 4, 0.0).generate(ctx))
+    padded = list(SyntheticWorkload(4, 4, 0.0, completion_chars=1000).generate(ctx))
+    assert all(len(c) == 1000 for g in padded for c in g.completions)
+    assert [g.rewards for g in padded] == [g.rewards for g in bare]
+    assert any(r == 1.0 for g in bare for r in g.rewards) and any(r == 0.0 for g in bare for r in g.rewards)
+    assert [[c.split()[0] for c in g.completions] for g in padded] == [g.completions for g in bare]
+    work = SyntheticWorkload(4, 4, 0.0, completion_chars=1000)
+    assert all(work.rescore(ctx, g) == tuple(g.rewards) for g in padded)
+
+
 def test_synthetic_questions_are_seeded_by_node_and_round():
     work = SyntheticWorkload(num_samples=4, num_generations=2, step_seconds=0.0)
     a = [g.question for g in work.generate(StageContext("w1", 0, 0, 42))]
