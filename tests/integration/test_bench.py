@@ -21,7 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 def test_coordination_benchmark_runs_and_reports_real_figures(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "bench", "coordination", "--nodes", "2,4", "--drive-nodes", "2,4",
            "--transplant", "1", "--rounds", "2", "--polls", "0.05:0.3", "--step-seconds", "0.05",
-           "--latency", "0.02", "--timeout", "60", "--tag", "test", "--out-dir", str(tmp_path)]  # fmt: skip
+           "--latency", "0.02", "--timeout", "60", "--tag", "test", "--out-dir", str(tmp_path),
+           "--completion-chars", "1000"]  # fmt: skip
+    # 1000-character completions: rollout batches as large as a model's, downloaded rather than carried in listings.
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
