@@ -45,7 +45,16 @@ setup(
             "funcy>=1.14",
             "appdirs>=1.4.3",
             "tqdm>=4",
+            # every REPORT_TO tracker is exercised offline (tests/unit/test_tracking.py, the swarm test)
+            "tensorboard>=2.14",
+            "wandb>=0.19",
+            "trackio>=0.43,<1",
         ],
+        # REPORT_TO's trackers. wandb: 0.19 brought init(reinit="create_new"); trackio: before 1.0 its init's
+        # keywords move between releases, and 0.43 is the one tested (group, resume, embed, auto_log_cpu).
+        "tensorboard": ["tensorboard>=2.14"],
+        "wandb": ["wandb>=0.19"],
+        "trackio": ["trackio>=0.43,<1"],
         "s3": ["s3fs>=2024.2"],
         "gcs": ["gcsfs>=2024.2"],
     },

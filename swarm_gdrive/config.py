@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -30,6 +31,8 @@ PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+#: REPORT_TO's trackers (:mod:`swarm_gdrive.protocol.tracking`), each the package it needs and its extra's name.
+TRACKERS = ("tensorboard", "wandb", "trackio")
 
 #: Applied by TEST_MODE to every variable of this table that is not set explicitly.
 TEST_MODE_PRESET: dict[str, str] = {
@@ -213,6 +216,31 @@ def _parse_choice(choices: tuple[str, ...], lower: bool = True) -> Callable[[str
         return value
 
     return parse
+
+
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+def _parse_report_to(var: str, raw: str) -> str:
+    """REPORT_TO, normalized: ``none`` or a comma list of installed trackers (``all``: every one installed)."""
+    names = [n.strip().lower() for n in raw.split(",") if n.strip()]
+    if names == ["all"]:
+        names = [n for n in TRACKERS if _installed(n)]
+    if not names or names == ["none"]:
+        return "none"
+    if any(n not in TRACKERS for n in names):
+        raise ConfigError(var, raw, f"use none, all, or a comma list of {', '.join(TRACKERS)}")
+    names = list(dict.fromkeys(names))
+    missing = [n for n in names if not _installed(n)]
+    if missing:
+        raise ConfigError(
+            var,
+            raw,
+            f"the {' and '.join(missing)} package is not installed: pip install 'swarm-gdrive[{','.join(missing)}]', "
+            f"or leave {' and '.join(missing)} out of {var}",
+        )
+    return ",".join(names)
 
 
 def _parse_name(var: str, raw: str) -> str:
@@ -615,6 +643,30 @@ class Config:
         _parse_bool,
     )
     log_level: str = _env("LOG_LEVEL", "INFO", "Logging level.", _parse_choice(LOG_LEVELS, lower=False))
+    report_to: str = _env(
+        "REPORT_TO",
+        "none",
+        "Experiment trackers, as TRL's report_to: none, all, or a comma list of tensorboard, wandb and trackio, "
+        "each installed with its extra (pip install 'swarm-gdrive[wandb]'). Every node is a run named by NODE_ID, "
+        "grouped by EXPERIMENT_NAME, with TRL's metric names; W&B without an API key logs offline "
+        "(docs/tracking.md).",
+        _parse_report_to,
+    )
+    tracking_dir: str | None = _env(
+        "TRACKING_DIR",
+        None,
+        "Node-local folder for the trackers' files (TensorBoard event files, W&B runs, trackio's database); "
+        "unset: {SWARM_LOCAL_DIR}/runs. Never the shared folder.",
+        _parse_local_dir,
+    )
+    tracking_project: str = _env(
+        "TRACKING_PROJECT", "swarm-gdrive", "The W&B and trackio project of the runs.", _parse_name
+    )
+
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        """REPORT_TO as a tuple of tracker names (empty for none)."""
+        return () if self.report_to == "none" else tuple(self.report_to.split(","))
 
     @property
     def is_coordinator(self) -> bool:

@@ -31,6 +31,7 @@ from swarm_gdrive.protocol.layout import Layout, parse_round_dir
 from swarm_gdrive.protocol.metrics import NodeLog
 from swarm_gdrive.protocol.polling import BRISK_FRACTION, Backoff, Pacer, RoundClock, Stopped, wait_for
 from swarm_gdrive.protocol.records import ExperimentRecord, PeerRecord, StateRecord
+from swarm_gdrive.protocol.tracking import tracking_for
 from swarm_gdrive.storage import FileInfo, Storage
 
 logger = logging.getLogger(__name__)
@@ -171,6 +172,8 @@ class Coordinator:
         self.late: dict[int, _LateWatch] = {}  # rounds closed on the deadline whose late rewards are still counted
         self._waiting_said: tuple[frozenset[str], frozenset[str], float] | None = None
         self.log = NodeLog(storage, self.layout, node_id)
+        self.tracking = tracking_for(config, node_id)
+        self.log.sinks.append(self.tracking.log)
         self.exchange._on_reject = lambda path, reason: self.log.event(
             "file_rejected", f"{path}: {reason}", level="warning", path=path
         )
@@ -414,6 +417,7 @@ class Coordinator:
             return 0
         heartbeat = Heartbeat(self.exchange, "coordinator", state.run_id, self.config.heartbeat_interval)
         heartbeat.start()
+        self.tracking.start(state.run_id)
         try:
             self._serve(state, heartbeat)
             self._drain()
@@ -422,6 +426,7 @@ class Coordinator:
         finally:
             heartbeat.stop()
             self.log.flush()
+            self.tracking.close()
             self.exchange.close()
         return 0
 

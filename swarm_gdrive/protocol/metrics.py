@@ -6,6 +6,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from swarm_gdrive.protocol.layout import Layout
@@ -38,6 +39,8 @@ class NodeLog:
         self._max_buffered = max_buffered
         self._started: set[str] = set()  # files this process has appended to
         self.round: int | None = None
+        #: Called with each metric line's values and round as it is buffered (the node's trackers, REPORT_TO).
+        self.sinks: list[Callable[[dict[str, float | int | None], int | None], None]] = []
 
     def metric(self, values: dict[str, float | int | None], round_: int | None = None) -> None:
         """Buffer one metrics line; keys are namespaced (``train/…``, ``swarm/…``, ``storage/…``).
@@ -56,6 +59,8 @@ class NodeLog:
             values=values,
         )
         self._add(self._metrics, encode_line(record))
+        for sink in self.sinks:
+            sink(values, record.round)
 
     def event(self, event: str, message: str = "", level: str = "info", round_: int | None = None, **data: Any) -> None:
         """Buffer one event line, and log it."""

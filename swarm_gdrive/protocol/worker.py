@@ -32,6 +32,7 @@ from swarm_gdrive.protocol.records import (
     StateRecord,
 )
 from swarm_gdrive.protocol.sapo import ScoredGroup, Selection
+from swarm_gdrive.protocol.tracking import tracking_for
 from swarm_gdrive.protocol.trust import CONFIRM_SECONDS, StateFollower
 from swarm_gdrive.protocol.workload import StageContext, Workload
 from swarm_gdrive.storage import Storage
@@ -60,6 +61,8 @@ class Worker:
         self.workload = workload
         self.stop = stop
         self.log = NodeLog(storage, self.layout, self.node_id)
+        self.tracking = tracking_for(config, self.node_id)
+        self.log.sinks.append(self.tracking.log)
         self.exchange._on_reject = self._rejected
         self.heartbeat: Heartbeat | None = None
         self.experiment: ExperimentRecord | None = None
@@ -91,6 +94,7 @@ class Worker:
                 on_twin=self._on_twin,
             )
             self.heartbeat.start()
+            self.tracking.start(run_id)
             self.log.event("worker_started", f"joined run {run_id}", run_id=run_id)
             self._rounds()
             return EXIT_OK
@@ -113,6 +117,7 @@ class Worker:
             if self.heartbeat is not None:  # one that stepped down leaves the peer file to the other process
                 self.heartbeat.stop(mark_stopped=self._twin is None)
             self.log.flush()
+            self.tracking.close()
             self.exchange.close()
             self.workload.close()
 
