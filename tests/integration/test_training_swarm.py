@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +15,9 @@ from swarm_gdrive.procs import NodeProcess, stop_all
 from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.protocol.records import EventRecord, MetricRecord, RewardRecord, decode, decode_lines
 from swarm_gdrive.training.tiny_model import build_tiny_model, teach_answer_format
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tracking_readers import tensorboard_scalars  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LAYOUT = Layout("train")
@@ -65,7 +69,8 @@ def wait_until(predicate, timeout: float, what: str, nodes: list[NodeProcess]) -
 def test_two_workers_train_on_local_and_external_groups(tmp_path, model_dir):
     folder = tmp_path / "drive"
     folder.mkdir()
-    env = training_env(folder, model_dir, MAX_ROUNDS=3, MIN_WORKERS=2)
+    runs = tmp_path / "runs"
+    env = training_env(folder, model_dir, MAX_ROUNDS=3, MIN_WORKERS=2, REPORT_TO="tensorboard", TRACKING_DIR=runs)
     nodes = [NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"})]
     nodes += [NodeProcess(w, {**env, "NODE_ID": w}) for w in ("w1", "w2")]
     try:
@@ -109,6 +114,21 @@ def test_two_workers_train_on_local_and_external_groups(tmp_path, model_dir):
         for round_ in range(3):
             reward = decode((folder / LAYOUT.reward_file(round_, 0, w)).read_bytes(), RewardRecord)
             assert reward.num_local_groups == N_LOCAL and reward.num_external_groups == N_EXT
+        # REPORT_TO=tensorboard: a real GRPO step's metrics reach TensorBoard under TRL's names, each round.
+        scalars = tensorboard_scalars(runs / "tensorboard" / "train" / w)
+        for name in (
+            "train/loss",
+            "train/grad_norm",
+            "train/learning_rate",
+            "train/reward",
+            "train/reward_std",
+            "train/frac_reward_zero_std",
+            "train/completions/mean_length",
+            "swarm/external_used",
+        ):
+            assert [step for step, _ in scalars[name]] == [0, 1, 2], (w, name)
+        submitted = [stages[r]["reward/local_mean"] for r in range(3)]
+        assert [v for _, v in scalars["train/reward"]] == pytest.approx(submitted)
 
 
 def _complete(manifest: Path) -> bool:
