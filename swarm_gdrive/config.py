@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from swarm_gdrive.names import InvalidNameError, validate_name
+from swarm_gdrive.progress import MODES as PROGRESS_MODES
 
 ROLES = ("coordinator", "worker")
 PUBLISH_FREQUENCIES = ("generation", "stage", "round")
@@ -643,6 +644,13 @@ class Config:
         _parse_bool,
     )
     log_level: str = _env("LOG_LEVEL", "INFO", "Logging level.", _parse_choice(LOG_LEVELS, lower=False))
+    progress: str = _env(
+        "PROGRESS",
+        "auto",
+        "Progress of generation, training, evaluation and checkpoints: bars (tqdm), lines (a log line every 30 s "
+        "and a summary), off, or auto: bars when standard error is a terminal, else lines.",
+        _parse_choice(PROGRESS_MODES),
+    )
     report_to: str = _env(
         "REPORT_TO",
         "none",

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from swarm_gdrive import logctx
+from swarm_gdrive import logctx, progress
 from swarm_gdrive.config import Config, ConfigError, from_env
 from swarm_gdrive.protocol.coordinator import Coordinator, ExperimentMismatchError
 from swarm_gdrive.protocol.exchange import Exchange
@@ -71,6 +71,7 @@ def run_node(environ: Mapping[str, str] | None = None, stop: threading.Event | N
         print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     logctx.setup(config.log_level, [config.huggingface_access_token or ""])
+    progress.configure(config.progress)
     try:
         identity = claim_identity(config.local_dir, config.experiment_name, config.node_role, config.node_id)
     except IdentityError as exc:

@@ -13,7 +13,7 @@ import math
 import threading
 import time
 
-from swarm_gdrive import logctx
+from swarm_gdrive import logctx, progress
 from swarm_gdrive.config import Config
 from swarm_gdrive.protocol.coordinator import ExperimentMismatchError
 from swarm_gdrive.protocol.exchange import Exchange, RunChangedError
@@ -69,6 +69,8 @@ class Worker:
         self.states: StateFollower | None = None
         self._twin: str | None = None  # set when this process stepped down for another one with its NODE_ID
         self._backend_mark: dict[str, int] = {}
+        self._reward: float | None = None  # the last stage's submitted reward
+        self._round_seconds: list[float] = []  # the last rounds' lengths: the time left in the round line
         self._state_backoff = Backoff(config.poll_interval_min, config.poll_interval_max)
         # Waiting for the next round: brisk around the moment it is expected to open (RoundClock), backed off
         # before and after, so the pickup is quick without every worker polling fast all the time.
@@ -324,8 +326,11 @@ class Worker:
         if backend is not None:  # everything since the previous round's line: state polls and log flushes too
             stats.update({f"storage/backend_{k}": v - self._backend_mark.get(k, 0) for k, v in backend.items()})
             self._backend_mark = dict(backend)
-        self.log.metric({"round/seconds": time.monotonic() - started, **stats, **after})
+        seconds = time.monotonic() - started
+        self.log.metric({"round/seconds": seconds, **stats, **after})
         self.log.flush()
+        self._round_seconds = [*self._round_seconds[-4:], seconds]
+        logger.info("%s", progress.round_line(round_, state.max_rounds, self._reward, seconds, self._round_seconds))
         self.identity.write_local(last_round=round_)
 
     def evaluate(self, round_: int, run_id: str) -> None:
@@ -366,7 +371,7 @@ class Worker:
         train_metrics = self.workload.train(ctx, local, list(selection.chosen))
         if self.stop.is_set():
             raise Stopped()
-        reward = self._submit(ctx, state, local, selection)
+        reward = self._reward = self._submit(ctx, state, local, selection)
         j = self.config.num_transplant_trees
         self.log.metric(
             {

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from swarm_gdrive import progress
 from swarm_gdrive.protocol.layout import Layout, parse_round_dir
 from swarm_gdrive.protocol.records import ExperimentRecord, decode
 from swarm_gdrive.storage import Storage
@@ -180,8 +181,10 @@ def save(
         files = {p.name: FileEntry(p.stat().st_size, _sha256_file(p)) for p in paths}
         manifest = Manifest(node_id, run_id, round_, False, files)
         storage.write_bytes(f"{folder}/{MANIFEST}", manifest.to_json())
-        for path in paths:
-            storage.write_bytes(f"{folder}/{path.name}", path.read_bytes())
+        with progress.task(f"checkpoint upload (round {round_})", sum(f.size for f in files.values()), "B") as work:
+            for path in paths:
+                storage.write_bytes(f"{folder}/{path.name}", path.read_bytes())
+                work.advance(files[path.name].size)
     storage.write_bytes(f"{folder}/{MANIFEST}", replace(manifest, complete=True).to_json())
     _prune(storage, layout, node_id, keep_last, keep=round_, run_id=run_id)
     return folder
@@ -340,11 +343,14 @@ def load_latest(
             manifest = _read_manifest(storage, folder, node_id, round_)
             _check_loadable(manifest, run_id)
             target.mkdir(parents=True, exist_ok=True)
-            for name, entry in manifest.files.items():
-                data = storage.read_bytes(f"{folder}/{name}", entry.size)
-                if len(data) != entry.size or _sha256(data) != entry.sha256:
-                    raise CheckpointError(f"{name} does not match the manifest (size or sha256)")
-                (target / name).write_bytes(data)
+            total = sum(e.size for e in manifest.files.values())
+            with progress.task(f"checkpoint download (round {round_})", total, "B") as work:
+                for name, entry in manifest.files.items():
+                    data = storage.read_bytes(f"{folder}/{name}", entry.size)
+                    if len(data) != entry.size or _sha256(data) != entry.sha256:
+                        raise CheckpointError(f"{name} does not match the manifest (size or sha256)")
+                    (target / name).write_bytes(data)
+                    work.advance(entry.size)
         except (CheckpointError, OSError) as exc:
             logger.warning("skipping checkpoint %s: %s", folder, exc)
             continue

@@ -267,7 +267,7 @@ class GRPOWorkload:
         questions = self.bank.eval_questions(task, self.config.eval_samples, level)
         prefix = ANSWER_OPEN if self.config.answer_prefix else ""
         prompts = [self.trainer.prompt_ids(build_messages(q.question), prefix) for q in questions]
-        greedy = self.trainer.generate(prompts, 1, seed=0, greedy=True)
+        greedy = self.trainer.generate(prompts, 1, seed=0, greedy=True, label=f"evaluate {task} (greedy)")
         scores = [
             self.bank.score_group(q.entry, [prefix + texts[0]], 0.0, self.config.answer_extraction)[0]
             for q, texts in zip(questions, greedy.texts, strict=True)
@@ -276,7 +276,7 @@ class GRPOWorkload:
         pass_k = pass_k_se = None
         if k > 0:
             seed = rng_for(self.config.seed, self.node_id, round_, 0, purpose=f"eval-{task}").randrange(2**31)
-            sampled = self.trainer.generate(prompts, k, seed)
+            sampled = self.trainer.generate(prompts, k, seed, label=f"evaluate {task} (pass@{k})")
             hits = [
                 any(
                     s >= 1.0

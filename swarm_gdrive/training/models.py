@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from swarm_gdrive import progress
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -100,16 +102,21 @@ def _convert_gguf(folder: Path, filename: str, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(folder, gguf_file=filename)
-    if hasattr(config, "quantization_config"):  # save_pretrained refuses a gguf-quantized config
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
-    model.generation_config = loaded.generation_config
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    with progress.task("prepare the model (dequantize the packaged GGUF, once)", 4, "step") as work:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        work.advance()
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+        work.advance()
+        config = AutoConfig.from_pretrained(folder, gguf_file=filename)
+        if hasattr(config, "quantization_config"):  # save_pretrained refuses a gguf-quantized config
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
+        model.generation_config = loaded.generation_config
+        work.advance()
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        work.advance()
 
 
 def load_model_and_tokenizer(

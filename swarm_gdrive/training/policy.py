@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from swarm_gdrive import progress
 from swarm_gdrive.protocol.records import MAX_COMPLETION_CHARS
 from swarm_gdrive.training import grpo
 
@@ -223,12 +224,15 @@ class PolicyTrainer:
         seed: int,
         greedy: bool = False,
         max_new_tokens: int | None = None,
+        label: str = "generate",
     ) -> Generation:
         """G sampled completions per prompt (one greedy one if ``greedy``), in batches of at most GEN_BATCH_SIZE.
 
         ``max_new_tokens`` (default MAX_NEW_TOKENS) is less when a forced answer prefix takes part of the cap.
+        ``label`` names the work in its progress (PROGRESS).
         """
         started = time.monotonic()
+        work = progress.Task(label, len(prompts) * num_generations, "completion")
         self.model.eval()
         torch.manual_seed(seed)
         per_call = max(1, self.settings.gen_batch_size // num_generations)
@@ -258,6 +262,8 @@ class PolicyTrainer:
                 ids.append(group)
                 # A completion never exceeds what a rollout file may carry (records.MAX_COMPLETION_CHARS).
                 texts.append([self.tokenizer.decode(c, skip_special_tokens=True)[:MAX_COMPLETION_CHARS] for c in group])
+            work.advance(len(chunk) * num_generations)
+        work.close()
         return Generation(texts, ids, new_tokens, time.monotonic() - started)
 
     def _trim(self, tokens: list[int]) -> list[int]:
@@ -302,6 +308,7 @@ class PolicyTrainer:
         sums: dict[str, float] = {}
         loss_total = grad_norm = lr = 0.0
         overflowed = 0
+        work = progress.Task("train", len(batches) * self.settings.num_iterations, "micro-batch")
         for _ in range(self.settings.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             loss_total = 0.0
@@ -327,6 +334,7 @@ class PolicyTrainer:
                     self.settings.loss, batch["n"], batch["tokens"], total_seqs, total_tokens
                 )
                 self.scaler.scale(out.loss * weight).backward()
+                work.advance()
                 loss_total += float(out.loss.detach()) * weight
                 for key, value in out.metrics.items():
                     sums[key] = sums.get(key, 0.0) + value * batch["n"] / len(active)
@@ -338,6 +346,7 @@ class PolicyTrainer:
             self.scaler.update()
             if self.scaler.is_enabled():
                 overflowed += self.scaler.get_scale() < scale
+        work.close()
         seconds = time.monotonic() - started
         tokens = sum(b["tokens"] + b["prompt_tokens"] for b in batches) * self.settings.num_iterations
         metrics.update(

@@ -114,6 +114,15 @@ def test_two_workers_train_on_local_and_external_groups(tmp_path, model_dir):
         for round_ in range(3):
             reward = decode((folder / LAYOUT.reward_file(round_, 0, w)).read_bytes(), RewardRecord)
             assert reward.num_local_groups == N_LOCAL and reward.num_external_groups == N_EXT
+        # The round lines (output is a pipe here: PROGRESS=auto writes lines, no bars).
+        (node,) = [n for n in nodes if n.name == w]
+        said = [line for line in node.lines if " done (" in line]
+        assert [line.split("swarm_gdrive.protocol.worker: ")[-1][:22] for line in said] == [
+            "round 0 done (1 of 3, ",
+            "round 1 done (2 of 3, ",
+            "round 2 done (3 of 3, ",
+        ], said
+        assert "to go, about" in said[0] and "\r" not in "".join(node.lines)
         # REPORT_TO=tensorboard: a real GRPO step's metrics reach TensorBoard under TRL's names, each round.
         scalars = tensorboard_scalars(runs / "tensorboard" / "train" / w)
         for name in (
