@@ -45,6 +45,8 @@ setup(
             "funcy>=1.14",
             "appdirs>=1.4.3",
             "tqdm>=4",
+            # playwright drives Debian's chromium (no browser download) in the web dashboard's test
+            "playwright>=1.40",
             # every REPORT_TO tracker is exercised offline (tests/unit/test_tracking.py, the swarm test)
             "tensorboard>=2.14",
             "wandb>=0.19",

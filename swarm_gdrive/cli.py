@@ -188,12 +188,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_status_parser(sub)
     add_validate_parser(sub)
+    from swarm_gdrive.observe.web import add_dashboard_parser
+
+    add_dashboard_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     from swarm_gdrive.observe.monitor import status_main, validate_main
+    from swarm_gdrive.observe.web import dashboard_main
 
     handlers = {
         "run": _cmd_run,
@@ -203,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
         "compare": _cmd_compare,
         "status": status_main,
         "validate": validate_main,
+        "dashboard": dashboard_main,
     }
     from swarm_gdrive.storage import StorageError
 

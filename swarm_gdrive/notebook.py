@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from swarm_gdrive.procs import NodeProcess, stop_all
 
@@ -620,3 +620,24 @@ def show_dashboard(
         with _ctrl_c_raises():
             dashboard.run(refresh_s, minutes * 60)
     return dashboard
+
+
+def show_web_dashboard(
+    env_or_path: EnvOrPath, port: int = 8080, refresh_s: float = 10, experiment: str | None = None
+) -> tuple[Any, str]:
+    """Serve ``swarm-gdrive dashboard``'s page from this kernel, in a background thread, and show it: in Colab
+    through its port proxy (an iframe in this cell), elsewhere as a link. The cell returns at once and the page
+    keeps refreshing itself; ``server.shutdown()`` stops it. Returns (server, the local URL)."""
+    from swarm_gdrive.observe.web import Pages, make_server
+
+    config, storage = reader(env_or_path, experiment)
+    server = make_server(Pages(storage, config.experiment_name, refresh_s, config.liveness_timeout), port=port)
+    threading.Thread(target=server.serve_forever, name="web-dashboard", daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    if in_colab():
+        from google.colab import output  # type: ignore[import-not-found]
+
+        output.serve_kernel_port_as_iframe(server.server_address[1], height=900)
+    else:
+        print(f"dashboard: {url}")
+    return server, url

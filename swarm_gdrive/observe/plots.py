@@ -263,6 +263,37 @@ def eval_pass1(snapshot: Snapshot) -> Figure:
     return fig
 
 
+#: The parts of a worker's round (its stage lines' ``time/*`` keys), and what the rest of ``round/seconds`` is.
+TIME_PARTS = {"time/generate_s": "generate", "time/gather_s": "gather", "time/train_s": "train"}
+
+
+def time_split(snapshot: Snapshot) -> Figure:
+    """Where a worker's round goes: generation, the gather of other nodes' rollouts, training, and the rest of the
+    round (its reward write, waiting for the next round), mean over workers, stacked per round."""
+    title = "Time split of a worker's round"
+    totals = _metric(snapshot, "round/seconds")
+    if totals.empty:
+        return _no_data(title)
+    per_round = pd.DataFrame({"round": totals.groupby(["node", "round"])["round/seconds"].sum()})
+    for key, part in TIME_PARTS.items():
+        rows = _metric(snapshot, key)
+        per_round[part] = rows.groupby(["node", "round"])[key].sum() if not rows.empty else 0.0
+    per_round = per_round.fillna(0.0)
+    per_round["other (write, wait)"] = (per_round["round"] - per_round[list(TIME_PARTS.values())].sum(axis=1)).clip(
+        lower=0.0
+    )
+    means = per_round.drop(columns="round").groupby(level="round").mean().sort_index()
+    fig = Figure(figsize=FIGSIZE)
+    ax = fig.subplots()
+    bottom = pd.Series(0.0, index=means.index)
+    for i, part in enumerate(means.columns):
+        ax.bar(means.index, means[part], bottom=bottom, color=f"C{i}", label=part, width=0.8)
+        bottom = bottom + means[part]
+    _finish(ax, f"{title} (mean over workers)", "round", "seconds", legend_title="part")
+    fig.tight_layout()
+    return fig
+
+
 FIGURES: dict[str, Callable[[Snapshot], Figure]] = {
     "reward_per_round": reward_per_round,
     "cumulative_reward": cumulative_reward,
@@ -272,6 +303,7 @@ FIGURES: dict[str, Callable[[Snapshot], Figure]] = {
     "reward_histogram": reward_histogram,
     "completion_lengths": completion_lengths,
     "eval_pass1": eval_pass1,
+    "time_split": time_split,
 }
 
 

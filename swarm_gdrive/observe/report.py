@@ -25,6 +25,7 @@ FIGURE_TITLES = {
     "reward_histogram": "Reward histogram",
     "completion_lengths": "Completion lengths",
     "eval_pass1": "Held-out pass@1 per worker and task",
+    "time_split": "Time split of a worker's round: generate, gather, train, the rest",
 }
 
 
