@@ -139,6 +139,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     print(format_table(compare(storage, args.experiments, args.baseline, args.rounds)))
+    if args.plot:
+        from swarm_gdrive.observe.monitor import load
+        from swarm_gdrive.observe.plots import experiments_overlay
+
+        names = list(dict.fromkeys([args.baseline, *args.experiments]))
+        figure = experiments_overlay({name: load(storage, name) for name in names})
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(args.plot, dpi=100)
+        print(f"wrote {args.plot}")
     return 0
 
 
@@ -185,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--baseline", required=True, help="the experiment every other one is compared with")
     comp.add_argument("--rounds", type=int, help="compare over the first N rounds (default: all common rounds)")
     comp.add_argument("--folder", help="the shared folder (default: GDRIVE_PATH)")
+    comp.add_argument("--plot", help="also write a PNG overlaying the experiments' reward and pass@1 here")
 
     add_status_parser(sub)
     add_validate_parser(sub)

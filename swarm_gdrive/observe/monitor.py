@@ -676,16 +676,32 @@ def unknown_experiments_message(storage: Storage, names: list[str], where: str) 
 
 
 def status_main(args: argparse.Namespace) -> int:
+    watch = getattr(args, "watch", None)
+    if watch is not None and not watch > 0:
+        print(f"swarm-gdrive: error: --watch={watch:g}: use a number of seconds > 0", file=sys.stderr)
+        return 2
     config, storage = reader_config(args)
     if config is None:
         return 2
-    snapshot = load(storage, config.experiment_name, liveness_timeout=config.liveness_timeout)
-    print(_state_summary(snapshot))
-    print(status_table(snapshot))
-    print()
-    for finding in findings(snapshot, config.liveness_timeout):
-        print(f"{finding.severity.upper():<7} {finding.code}: {finding.message}")
-    return 0
+    terminal = sys.stdout.isatty()
+    try:
+        while True:
+            snapshot = load(storage, config.experiment_name, liveness_timeout=config.liveness_timeout)
+            if watch is not None:  # a terminal is redrawn in place; a log or a pipe gets a dated rule each time
+                print("\033[H\033[2J", end="") if terminal else print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}")
+            print(_state_summary(snapshot))
+            print(status_table(snapshot))
+            print()
+            for finding in findings(snapshot, config.liveness_timeout):
+                print(f"{finding.severity.upper():<7} {finding.code}: {finding.message}")
+            if watch is None:
+                return 0
+            print(f"\n(every {watch:g} s; Ctrl-C stops)", flush=True)
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        if watch is None:
+            raise
+        return 0
 
 
 def validate_main(args: argparse.Namespace) -> int:
@@ -712,6 +728,9 @@ def add_reader_arguments(parser: argparse.ArgumentParser) -> None:
 def add_status_parser(sub) -> argparse.ArgumentParser:
     parser = sub.add_parser("status", help="the experiment now: workers, heartbeats, rewards, findings (reads only)")
     add_reader_arguments(parser)
+    parser.add_argument(
+        "--watch", type=float, metavar="SECONDS", help="show it again every SECONDS until Ctrl-C (a live view)"
+    )
     return parser
 
 

@@ -63,6 +63,24 @@ def node_colors(snapshot: Snapshot) -> dict[str, str]:
     return {node: f"C{i % 10}" for i, node in enumerate(nodes)}
 
 
+#: One marker per node (with its color), so that nodes whose lines coincide stay told apart.
+MARKERS = "osD^v<>ph*"
+
+
+def node_markers(snapshot: Snapshot) -> dict[str, str]:
+    """A stable marker per node, in the order of :func:`node_colors`."""
+    return {node: MARKERS[i % len(MARKERS)] for i, node in enumerate(node_colors(snapshot))}
+
+
+def dodge(nodes: list[str], width: float = 0.3) -> dict[str, float]:
+    """An x offset per node, spread over ``width`` rounds, so equal values of several nodes do not hide each
+    other (every point stays within its round)."""
+    n = len(nodes)
+    if n < 2:
+        return dict.fromkeys(nodes, 0.0)
+    return {node: (i / (n - 1) - 0.5) * width for i, node in enumerate(nodes)}
+
+
 def _per_round_reward(snapshot: Snapshot) -> pd.DataFrame:
     """Mean reward (over stages) per round x node."""
     return snapshot.rewards.groupby(["round", "node"])["reward"].mean().unstack("node").sort_index()
@@ -158,7 +176,7 @@ def live_workers(snapshot: Snapshot) -> Figure:
             last = rows.groupby("round")["swarm/live_workers"].last().sort_index()
             ax.plot(last.index, last.values, "o-", color="black", label=f"live workers ({node}'s view)")
     state = snapshot.state_record
-    if state is not None and state.get("live_workers") is not None:
+    if state is not None and state.get("live_workers") is not None and state.get("status") != "finished":
         ax.axhline(len(state["live_workers"]), color="tab:red", linestyle=":", label="live now (state file)")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     _finish(ax, title, "round", "workers", legend_title=None)
@@ -187,9 +205,13 @@ def rollouts_exchanged(snapshot: Snapshot) -> Figure:
     _finish(left, "Groups published per round", "round", "groups in rollout files")
     if not rewards.empty:
         used = rewards.groupby(["round", "node"])["external_groups"].sum().unstack("node").sort_index()
+        markers, shift = node_markers(snapshot), dodge(list(used.columns))
         for node in used.columns:
             series = used[node].dropna()
-            right.plot(series.index, series.values, "o-", color=colors.get(node), label=node)
+            right.plot(
+                series.index + shift[node], series.values, "-", marker=markers.get(node, "o"), color=colors.get(node),
+                label=node, alpha=0.8,
+            )  # fmt: skip
     if not used_metric.empty:
         total = used_metric.groupby("round")["swarm/external_used"].sum().sort_index()
         right.plot(total.index, total.values, "k--", label="total of shown nodes (swarm/external_used)")
@@ -263,13 +285,61 @@ def eval_pass1(snapshot: Snapshot) -> Figure:
     return fig
 
 
+#: The panels of :func:`training`: the metric key, and its name in TRL (and in the trackers, REPORT_TO).
+TRAINING_PANELS = {
+    "train/loss": "loss",
+    "train/grad_norm": "grad_norm",
+    "train/kl": "kl (BETA > 0)",
+    "train/clip_ratio_region_mean": "clip_ratio/region_mean",
+    "reward/local_zero_variance_fraction": "frac_reward_zero_std",
+}
+
+
+def training(snapshot: Snapshot) -> Figure:
+    """What TRL users judge a GRPO run by, per node per round: loss, gradient norm, KL, clip ratio, the fraction of
+    groups without reward variance, and the reward of the node's own completions against the external ones it
+    trained on (the SAPO mix). A panel whose metric no node logged says so."""
+    title = "Training"
+    logged = {key: _metric(snapshot, key) for key in TRAINING_PANELS}
+    local, external = _metric(snapshot, "reward/local_mean"), _metric(snapshot, "reward/external_mean")
+    if all(rows.empty for rows in logged.values()) and local.empty:
+        return _no_data(title, "(no train/* metrics: the grpo workload logs them)")
+    colors, markers = node_colors(snapshot), node_markers(snapshot)
+    fig = Figure(figsize=(15.0, 8.0))
+    axes = fig.subplots(2, 3).ravel()
+    for ax, (key, name) in zip(axes, TRAINING_PANELS.items(), strict=False):
+        rows = logged[key]
+        if rows.empty:
+            ax.text(0.5, 0.5, f"not logged ({key})", ha="center", va="center", color="gray", transform=ax.transAxes)
+        shift = dodge(sorted(rows["node"].unique())) if not rows.empty else {}
+        for node, own in rows.groupby("node"):
+            series = own.groupby("round")[key].mean().sort_index()
+            ax.plot(series.index + shift[node], series.values, "-", marker=markers.get(node, "o"), markersize=4,
+                    color=colors.get(node), label=node, alpha=0.8)  # fmt: skip
+        _finish(ax, name, "round", name.split(" ")[0], legend_title=None)
+    ax = axes[-1]
+    for rows, key, style, what in (
+        (local, "reward/local_mean", "-", "own"),
+        (external, "reward/external_mean", "--", "external"),
+    ):
+        for node, own in rows.groupby("node"):
+            series = own.groupby("round")[key].mean().sort_index()
+            ax.plot(series.index, series.values, style, marker=markers.get(node, "o"), markersize=4,
+                    color=colors.get(node), label=f"{node} {what}")  # fmt: skip
+    _finish(ax, "reward: own (solid), external groups (dashed)", "round", "reward", legend_title=None)
+    fig.suptitle(f"{title}: TRL's metrics per node per round")
+    fig.tight_layout()
+    return fig
+
+
 #: The parts of a worker's round (its stage lines' ``time/*`` keys), and what the rest of ``round/seconds`` is.
 TIME_PARTS = {"time/generate_s": "generate", "time/gather_s": "gather", "time/train_s": "train"}
 
 
 def time_split(snapshot: Snapshot) -> Figure:
     """Where a worker's round goes: generation, the gather of other nodes' rollouts, training, and the rest of the
-    round (its reward write, waiting for the next round), mean over workers, stacked per round."""
+    round (a held-out evaluation, a checkpoint, its writes), mean over workers, stacked per round. The wait for
+    the next round falls between rounds and is not in it."""
     title = "Time split of a worker's round"
     totals = _metric(snapshot, "round/seconds")
     if totals.empty:
@@ -279,9 +349,8 @@ def time_split(snapshot: Snapshot) -> Figure:
         rows = _metric(snapshot, key)
         per_round[part] = rows.groupby(["node", "round"])[key].sum() if not rows.empty else 0.0
     per_round = per_round.fillna(0.0)
-    per_round["other (write, wait)"] = (per_round["round"] - per_round[list(TIME_PARTS.values())].sum(axis=1)).clip(
-        lower=0.0
-    )
+    busy = per_round[list(TIME_PARTS.values())].sum(axis=1)
+    per_round["other (evaluation, checkpoint, writes)"] = (per_round["round"] - busy).clip(lower=0.0)
     means = per_round.drop(columns="round").groupby(level="round").mean().sort_index()
     fig = Figure(figsize=FIGSIZE)
     ax = fig.subplots()
@@ -290,6 +359,35 @@ def time_split(snapshot: Snapshot) -> Figure:
         ax.bar(means.index, means[part], bottom=bottom, color=f"C{i}", label=part, width=0.8)
         bottom = bottom + means[part]
     _finish(ax, f"{title} (mean over workers)", "round", "seconds", legend_title="part")
+    fig.tight_layout()
+    return fig
+
+
+def experiments_overlay(snapshots: dict[str, Snapshot]) -> Figure:
+    """Several experiments on one figure (``swarm-gdrive compare --plot``): the swarm's mean reward per round,
+    its cumulative sum, and held-out pass@1 (mean over workers and tasks) where evaluated; one color and
+    marker per experiment."""
+    title = "Experiments compared"
+    if all(s.rewards.empty for s in snapshots.values()):
+        return _no_data(title, "(no rewards in any of them)")
+    fig = Figure(figsize=(15.0, 4.5))
+    reward_ax, cumulative_ax, eval_ax = fig.subplots(1, 3)
+    shift = dodge(list(snapshots))  # equal curves (two runs of one seed) stay visible side by side
+    for i, (name, snapshot) in enumerate(snapshots.items()):
+        style = {"color": f"C{i % 10}", "marker": MARKERS[i % len(MARKERS)], "markersize": 4, "label": name}
+        if not snapshot.rewards.empty:
+            mean = snapshot.rewards.groupby(["round", "node"])["reward"].mean().groupby(level="round").mean()
+            reward_ax.plot(mean.index + shift[name], mean.values, "-", **style)
+            cumulative_ax.plot(mean.index + shift[name], mean.cumsum().values, "-", **style)
+        if not snapshot.evals.empty:
+            base = snapshot.evals[snapshot.evals["level"] == 0]
+            accuracy = base.groupby("round")["pass1"].mean().sort_index()
+            eval_ax.plot(accuracy.index + shift[name], accuracy.values, "-", **style)
+    if not eval_ax.get_lines():
+        eval_ax.text(0.5, 0.5, "no evaluations", ha="center", va="center", color="gray", transform=eval_ax.transAxes)
+    _finish(reward_ax, "Mean reward per round (over workers)", "round", "reward", legend_title="experiment")
+    _finish(cumulative_ax, "Cumulative mean reward", "round", "cumulative reward", legend_title="experiment")
+    _finish(eval_ax, "Held-out pass@1 (mean over workers, tasks)", "evaluated before round", "pass@1", "experiment")
     fig.tight_layout()
     return fig
 
@@ -304,6 +402,7 @@ FIGURES: dict[str, Callable[[Snapshot], Figure]] = {
     "completion_lengths": completion_lengths,
     "eval_pass1": eval_pass1,
     "time_split": time_split,
+    "training": training,
 }
 
 

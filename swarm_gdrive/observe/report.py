@@ -26,6 +26,7 @@ FIGURE_TITLES = {
     "completion_lengths": "Completion lengths",
     "eval_pass1": "Held-out pass@1 per worker and task",
     "time_split": "Time split of a worker's round: generate, gather, train, the rest",
+    "training": "Training: loss, grad norm, KL, clip ratio, zero-variance fraction, own against external reward",
 }
 
 

@@ -37,6 +37,7 @@ FIGURES = {
     "eval_pass1": "Held-out pass@1",
     "live_workers": "Live workers",
     "time_split": "Time split of a round",
+    "training": "Training: loss, grad norm, KL, clip ratio, zero-variance fraction, own against external reward",
 }
 
 _STYLE = """

@@ -209,7 +209,9 @@ def test_env_command_lists_every_variable():
         assert f.metadata["env"] in out
 
 
-@pytest.mark.parametrize("command", [[], ["run"], ["env"], ["demo"], ["report"], ["compare"], ["status"], ["validate"]])
+@pytest.mark.parametrize(
+    "command", [[], ["run"], ["env"], ["demo"], ["report"], ["compare"], ["status"], ["validate"], ["dashboard"]]
+)
 def test_help_is_plain_text(command):
     out = subprocess.run(
         [sys.executable, "-m", "swarm_gdrive", *command, "--help"], capture_output=True, text=True, check=True
@@ -227,3 +229,34 @@ def test_the_synthetic_demo_runs_the_protocol_in_seconds(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "workload=synthetic" in result.stdout and "round 1" in result.stdout
+
+
+def test_status_watch_follows_a_run_until_ctrl_c(tmp_path):
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = quick_env(folder, NODE_ROLE="coordinator", MIN_WORKERS="5")
+    coordinator = NodeProcess("coordinator", env)
+    clean = {k: v for k, v in os.environ.items() if k not in {f.metadata["env"] for f in env_fields()}}
+    try:
+        deadline = time.monotonic() + 30
+        while not (folder / "experiments/cli/state").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "swarm_gdrive", "status", "--folder", str(folder), "--experiment", "cli",
+             "--watch", "0.3"],
+            env={**clean, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(3)
+        watch.send_signal(signal.SIGINT)
+        out, err = watch.communicate(timeout=30)
+    finally:
+        assert coordinator.terminate() == 0
+    assert watch.returncode == 0, err
+    rules = [line for line in out.splitlines() if line.startswith("--- ")]  # a pipe: no screen clearing
+    assert len(rules) >= 3 and "\033[" not in out
+    assert out.count("experiment cli: waiting") >= 3 and "(every 0.3 s; Ctrl-C stops)" in out
+    bad = subprocess.run(
+        [sys.executable, "-m", "swarm_gdrive", "status", "--folder", str(folder), "--watch", "0"],
+        env=clean, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "--watch=0: use a number of seconds > 0" in bad.stderr

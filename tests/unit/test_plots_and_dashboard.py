@@ -65,7 +65,18 @@ def rich_snapshot(snapshot):
     lengths = pd.DataFrame(
         [{"node": n, "ts": 1.0 + r, "round": r, "completion/length_mean": 10.0 + r} for n in WORKERS for r in range(3)]
     )
-    return dataclasses.replace(snapshot, evals=evals, metrics=pd.concat([snapshot.metrics, lengths]))
+    # GRPO's metrics, the same for both workers: their lines coincide unless the figure keeps them apart.
+    training = pd.DataFrame(
+        [
+            {"node": n, "ts": 2.0 + r, "round": r, **{k: 0.1 * (r + 1) for k in TRAINING_KEYS}}
+            for n in sorted(WORKERS)
+            for r in range(3)
+        ]
+    )
+    return dataclasses.replace(snapshot, evals=evals, metrics=pd.concat([snapshot.metrics, lengths, training]))
+
+
+TRAINING_KEYS = [*plots.TRAINING_PANELS, "reward/external_mean"]
 
 
 def _axes_labelled(fig: Figure) -> bool:
@@ -92,6 +103,29 @@ def test_every_plot_is_a_labelled_figure_with_the_workers_in_its_legend(rich_sna
         assert path.stat().st_size > 5_000, name
     assert len(figures["eval_pass1"].axes) == 2  # one panel per task
     assert {"workers with a reward", "live workers (coord's view)"} <= plots.legend_labels(figures["live_workers"])
+
+
+def _x_of(ax, label: str) -> list[float]:
+    (line,) = [line for line in ax.get_lines() if line.get_label() == label]
+    return list(line.get_xdata())
+
+
+def test_training_panels_keep_coinciding_nodes_apart_and_a_finished_run_shows_no_live_line(rich_snapshot):
+    figures = plots.all_figures(rich_snapshot)
+    train = figures["training"]
+    assert len(train.axes) == 6
+    assert [ax.get_title() for ax in train.axes[:5]] == list(plots.TRAINING_PANELS.values())
+    for ax in train.axes[:5]:  # equal values, yet each node's points sit apart within the round, with their marker
+        assert {line.get_label() for line in ax.get_lines()} == WORKERS
+        assert _x_of(ax, "w1") != _x_of(ax, "w2")
+        assert all(abs(a - b) < 0.5 for a, b in zip(_x_of(ax, "w1"), _x_of(ax, "w2"), strict=True))
+        markers = {line.get_marker() for line in ax.get_lines()}
+        assert len(markers) == 2
+    assert {"w1 own", "w2 own", "w1 external", "w2 external"} <= plots.legend_labels(train)
+    right = figures["rollouts_exchanged"].axes[1]  # the external groups used: equal for both workers here
+    assert _x_of(right, "w1") != _x_of(right, "w2")
+    assert rich_snapshot.state_record["status"] == "finished"
+    assert "live now (state file)" not in plots.legend_labels(figures["live_workers"])
 
 
 def test_plots_of_the_real_snapshot_say_no_data_where_the_workload_logs_none(snapshot):
@@ -263,3 +297,41 @@ def test_the_dashboard_shows_sapo_starvation_first_among_warnings(tmp_path):
     assert starved.severity == "warning" and "w1" in starved.message
     html = dash.output.outputs[0]["data"]["text/html"]
     assert "sapo_starved" in html and html.index("sapo_starved") < html.index("</ul>")
+
+
+def test_the_overlay_tells_experiments_apart(rich_snapshot, snapshot):
+    better = dataclasses.replace(
+        rich_snapshot, rewards=rich_snapshot.rewards.assign(reward=lambda d: d["reward"] + 0.5)
+    )
+    fig = plots.experiments_overlay({"baseline": snapshot, "better": better})
+    reward_ax, cumulative_ax, eval_ax = fig.axes
+    assert plots.legend_labels(fig) == {"baseline", "better"}
+    lines = {line.get_label(): line for line in reward_ax.get_lines()}
+    assert list(lines["better"].get_ydata()) == pytest.approx([y + 0.5 for y in lines["baseline"].get_ydata()])
+    assert lines["better"].get_marker() != lines["baseline"].get_marker()
+    assert list(lines["better"].get_xdata()) != list(lines["baseline"].get_xdata())  # dodged: equal curves show
+    assert [line.get_label() for line in eval_ax.get_lines()] == ["better"]  # only it has evaluations
+    empty = plots.experiments_overlay({"a": dataclasses.replace(snapshot, rewards=snapshot.rewards.iloc[0:0])})
+    assert any(plots.NO_DATA in t.get_text() for ax in empty.axes for t in ax.texts)
+
+
+def test_the_time_split_stacks_the_parts_and_the_rest_of_each_round(snapshot):
+    rows = [
+        {"node": n, "ts": 5.0 + r, "round": r, "time/generate_s": 1.0, "time/gather_s": 2.0, "time/train_s": 3.0}
+        for n in sorted(WORKERS)
+        for r in range(2)
+    ]
+    rows += [
+        {"node": n, "ts": 6.0 + r, "round": r, "round/seconds": 10.0 + r} for n in sorted(WORKERS) for r in range(2)
+    ]
+    fig = plots.time_split(dataclasses.replace(snapshot, metrics=pd.DataFrame(rows)))
+    (ax,) = fig.axes
+    heights = {}
+    for container in ax.containers:
+        heights[container.get_label()] = [round(bar.get_height(), 6) for bar in container]
+    assert heights == {
+        "generate": [1.0, 1.0],
+        "gather": [2.0, 2.0],
+        "train": [3.0, 3.0],
+        "other (evaluation, checkpoint, writes)": [4.0, 5.0],
+    }

@@ -11,6 +11,7 @@ import pytest
 
 from swarm_gdrive import notebook
 from swarm_gdrive.notebook import show_web_dashboard
+from swarm_gdrive.observe.web import FIGURES
 
 
 def get(url: str) -> tuple[int, str]:
@@ -59,7 +60,7 @@ def test_hostile_files_are_findings_not_a_broken_page(tmp_path, serve):
     assert status == 200 and '<section data-experiment="bad"' in page
     assert "<script>alert(1)" not in page  # nothing read is put in the page unescaped
     status, part = get(url + "experiment?name=bad")
-    assert status == 200 and part.count("<figure") == 5
+    assert status == 200 and part.count("<figure") == len(FIGURES)
 
 
 def test_in_colab_the_page_is_shown_through_the_kernel_port_proxy(tmp_path, serve, monkeypatch):
