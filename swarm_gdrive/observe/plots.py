@@ -115,12 +115,13 @@ def reward_per_round(snapshot: Snapshot, window: int = ROLLING) -> Figure:
     if snapshot.rewards.empty:
         return _no_data(title)
     fig, ax, per_round, colors = _reward_figure(snapshot)
+    markers, shift = node_markers(snapshot), dodge(list(per_round.columns))
     for node in per_round.columns:
         series = per_round[node].dropna()
         color = colors.get(node)
-        ax.plot(series.index, series.values, "o", color=color, alpha=0.5)
+        ax.plot(series.index + shift[node], series.values, markers.get(node, "o"), color=color, alpha=0.5)
         rolling = series.rolling(window, min_periods=1).mean()
-        ax.plot(rolling.index, rolling.values, "-", color=color, linewidth=2, label=node)
+        ax.plot(rolling.index + shift[node], rolling.values, "-", color=color, linewidth=2, label=node)
     _finish(ax, f"{title} (dots) and {window}-round rolling mean (lines)", "round", "mean reward of local completions")
     fig.tight_layout()
     return fig
@@ -132,9 +133,12 @@ def cumulative_reward(snapshot: Snapshot) -> Figure:
     if snapshot.rewards.empty:
         return _no_data(title)
     fig, ax, per_round, colors = _reward_figure(snapshot)
+    markers, shift = node_markers(snapshot), dodge(list(per_round.columns))
     for node in per_round.columns:
         series = per_round[node].dropna().cumsum()
-        ax.plot(series.index, series.values, marker=".", color=colors.get(node), label=node)
+        ax.plot(
+            series.index + shift[node], series.values, marker=markers.get(node, "o"), color=colors.get(node), label=node
+        )
     _finish(ax, title, "round", "cumulative reward")
     fig.tight_layout()
     return fig
@@ -247,12 +251,13 @@ def completion_lengths(snapshot: Snapshot) -> Figure:
     lengths = _metric(snapshot, "completion/length_mean")
     if lengths.empty:
         return _no_data(title, "(no completion/length_mean metrics)")
-    colors = node_colors(snapshot)
+    colors, markers, shift = node_colors(snapshot), node_markers(snapshot), dodge(sorted(lengths["node"].unique()))
     fig = Figure(figsize=FIGSIZE)
     ax = fig.subplots()
     for node, rows in lengths.groupby("node"):
         series = rows.groupby("round")["completion/length_mean"].mean().sort_index()
-        ax.plot(series.index, series.values, "o-", color=colors.get(node), label=node)
+        ax.plot(series.index + shift[node], series.values, "-", marker=markers.get(node, "o"), color=colors.get(node),
+                label=node)  # fmt: skip
     _finish(ax, f"{title}: mean per round", "round", "tokens per completion")
     fig.tight_layout()
     return fig
@@ -272,13 +277,13 @@ def eval_pass1(snapshot: Snapshot) -> Figure:
     for ax, task in zip(axes, tasks, strict=True):
         rows = evals[evals["task"] == task]
         rows = rows[rows["level"] == rows["level"].min()]
+        markers, shift = node_markers(snapshot), dodge(sorted(rows["node"].unique()))
         for node, own in rows.groupby("node"):
             by_round = own.assign(pass1_se=own.get("pass1_se", 0.0)).groupby("round")  # tables built by hand lack it
             series = by_round["pass1"].mean().sort_index()
             se = by_round["pass1_se"].mean().reindex(series.index).fillna(0.0)  # one record a round as a rule
-            ax.errorbar(
-                series.index, series.values, yerr=se.values, fmt="o-", capsize=3, color=colors.get(node), label=node
-            )
+            ax.errorbar(series.index + shift[node], series.values, yerr=se.values, fmt="-",
+                        marker=markers.get(node, "o"), capsize=3, color=colors.get(node), label=node)  # fmt: skip
         ax.set_ylim(-0.02, 1.02)
         _finish(ax, f"{title}: {task}", "evaluated before round", "greedy pass@1 (± 1 SE)")
     fig.tight_layout()
