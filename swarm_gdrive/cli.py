@@ -17,7 +17,7 @@ from swarm_gdrive.storage import LocalStorage
 def _cmd_run(_args: argparse.Namespace) -> int:
     from swarm_gdrive.launcher import run_node
 
-    return run_node()
+    return run_node(own_process=True)
 
 
 def _cmd_env(args: argparse.Namespace) -> int:

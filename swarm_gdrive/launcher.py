@@ -63,8 +63,13 @@ def make_workload(config: Config, storage: Storage, node_id: str, stop: threadin
     raise ConfigError("WORKLOAD", config.workload, "unknown workload")  # pragma: no cover - parse rejects it
 
 
-def run_node(environ: Mapping[str, str] | None = None, stop: threading.Event | None = None) -> int:
-    """Validate the environment, claim an identity and run the node's role; returns the exit code."""
+def run_node(
+    environ: Mapping[str, str] | None = None, stop: threading.Event | None = None, own_process: bool = False
+) -> int:
+    """Validate the environment, claim an identity and run the node's role; returns the exit code.
+
+    ``own_process``: the process is this node's alone (``swarm-gdrive run``), so its environment may be set
+    for the libraries it loads (not so in a notebook's kernel)."""
     try:
         config = from_env(environ)
     except ConfigError as exc:
@@ -72,6 +77,8 @@ def run_node(environ: Mapping[str, str] | None = None, stop: threading.Event | N
         return EXIT_BAD_INPUT
     logctx.setup(config.log_level, [config.huggingface_access_token or ""])
     progress.configure(config.progress)
+    if own_process:
+        progress.quiet_libraries()
     try:
         identity = claim_identity(config.local_dir, config.experiment_name, config.node_role, config.node_id)
     except IdentityError as exc:
@@ -144,7 +151,7 @@ def _device_error() -> type[Exception]:
 
 
 def main() -> None:
-    sys.exit(run_node())
+    sys.exit(run_node(own_process=True))
 
 
 if __name__ == "__main__":

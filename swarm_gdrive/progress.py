@@ -10,9 +10,10 @@ did when it ends if it took at least :data:`SUMMARY_AFTER_S`.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import TextIO
 
@@ -30,6 +31,19 @@ def configure(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"PROGRESS={mode!r}: use one of {', '.join(MODES)}")
     _mode = mode
+
+
+def quiet_libraries(environ: MutableMapping[str, str] | None = None, stream: TextIO | None = None) -> bool:
+    """Where this node draws no bars, keep Hugging Face's libraries from drawing theirs (weight loading, the GGUF
+    conversion, downloads: carriage returns in a log) unless HF_HUB_DISABLE_PROGRESS_BARS says otherwise; call it
+    before transformers is imported. True when it turned them off."""
+    environ = os.environ if environ is None else environ
+    if _mode != "off" and _bars(stream or sys.stderr):
+        return False
+    if "HF_HUB_DISABLE_PROGRESS_BARS" in environ:
+        return False
+    environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    return True
 
 
 def _bars(stream: TextIO) -> bool:

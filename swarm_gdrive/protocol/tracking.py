@@ -15,6 +15,7 @@ A tracker that fails to start or to log is logged once and dropped: tracking nev
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -66,6 +67,16 @@ def tracker_key(key: str) -> str:
 def _run_name(text: str) -> str:
     """A name every tracker accepts in ids and paths: letters, digits, ``-``, ``_`` and ``.``."""
     return re.sub(r"[^A-Za-z0-9_.-]", "-", text)
+
+
+def wandb_id(experiment: str, run_id: str, node_id: str) -> str:
+    """The W&B run id of a node in a run of an experiment: readable, at most 64 characters (a hash keeps long
+    names unique), the same after a restart so that the run resumes."""
+    text = _run_name(f"{experiment}-{run_id}-{node_id}")
+    if len(text) <= 64:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return f"{text[:47]}-{digest}"
 
 
 def tracking_for(config: Config, node_id: str) -> Tracking:
@@ -186,7 +197,7 @@ class Tracking:
             group=self.experiment,
             name=self.node_id,
             job_type=self.role,
-            id=_run_name(f"{self.experiment}-{run_id}-{self.node_id}")[:128],
+            id=wandb_id(self.experiment, run_id, self.node_id),
             resume="allow",
             dir=str(folder),
             mode=mode,

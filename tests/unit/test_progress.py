@@ -90,3 +90,15 @@ def test_round_line_counts_rounds_and_the_time_left():
     assert progress.round_line(2, 3, None, 5.0, [4.0, 6.0]) == "round 2 done (3 of 3, no reward, 5.0 s)"
     assert progress.round_line(1, 100, 1.0, 80.0, [80.0, 100.0]).endswith("98 to go, about 2.5 h left")
     assert progress.round_line(3, 5, 0.5, 30.0, [30.0]).endswith("1 to go, about 30 s left")
+
+
+def test_hugging_face_bars_are_turned_off_where_the_node_writes_lines():
+    env: dict[str, str] = {}
+    assert progress.quiet_libraries(env, io.StringIO()) and env == {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    env = {}
+    assert not progress.quiet_libraries(env, Terminal()) and env == {}  # bars on a terminal: theirs too
+    env = {"HF_HUB_DISABLE_PROGRESS_BARS": "0"}
+    assert not progress.quiet_libraries(env, io.StringIO()) and env["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"
+    progress.configure("off")
+    env = {}
+    assert progress.quiet_libraries(env, Terminal()) and env["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"

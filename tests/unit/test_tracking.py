@@ -12,7 +12,7 @@ from swarm_gdrive import config as config_module
 from swarm_gdrive.config import ConfigError, from_env
 from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.protocol.metrics import NodeLog
-from swarm_gdrive.protocol.tracking import TRL_KEYS, Tracking, tracker_key, tracking_for
+from swarm_gdrive.protocol.tracking import TRL_KEYS, Tracking, tracker_key, tracking_for, wandb_id
 from swarm_gdrive.storage import LocalStorage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -127,3 +127,11 @@ def test_a_tracker_that_cannot_start_leaves_the_node_without_it(tmp_path, monkey
     tracking.log({"train/loss": 1.0}, 0)  # nothing open: nothing happens
     assert tracking.active == ()
     assert any("could not start (PermissionError" in r.getMessage() for r in caplog.records)
+
+
+def test_wandb_ids_are_short_stable_and_distinct():
+    assert wandb_id("exp", "0123456789abcdef", "w1") == "exp-0123456789abcdef-w1"
+    long_a, long_b = wandb_id("e" * 64, "0123456789abcdef", "a" * 64), wandb_id("e" * 64, "0123456789abcdef", "b" * 64)
+    assert len(long_a) == len(long_b) == 64 and long_a != long_b
+    assert long_a == wandb_id("e" * 64, "0123456789abcdef", "a" * 64)  # a restart resumes the same run
+    assert wandb_id("my exp", "0123456789abcdef", "node/1") == "my-exp-0123456789abcdef-node-1"
