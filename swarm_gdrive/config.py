@@ -28,6 +28,8 @@ PUBLISH_FREQUENCIES = ("generation", "stage", "round")
 WORKLOADS = ("grpo", "synthetic")
 #: PRECISION's values (training.policy.pick_precision).
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+#: WEIGHT_DTYPE's values (training.policy.pick_weight_dtype).
+WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16")
 #: The GRPO losses and advantage scalings (TRL's names); training.grpo implements exactly these.
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
@@ -195,9 +197,21 @@ def _parse_float(minimum: float, maximum: float = float("inf")) -> Callable[[str
 
 def _parse_device(var: str, raw: str) -> str:
     value = raw.strip().lower()
-    if value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d{1,2}", value):
+    if value in ("auto", "cpu", "cuda", "mps") or re.fullmatch(r"cuda:\d{1,2}", value):
         return value
-    raise ConfigError(var, raw, "use auto, cpu, cuda or cuda:N (N the GPU index)")
+    raise ConfigError(var, raw, "use auto, cpu, cuda, cuda:N (N the GPU index) or mps (Apple silicon)")
+
+
+def _parse_target_modules(var: str, raw: str) -> str:
+    """LORA_TARGET_MODULES: all-linear, or a comma list of module names (peft matches each name's end)."""
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    if names == ["all-linear"]:
+        return "all-linear"
+    if not names or any(not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]{0,63}", n) for n in names):
+        raise ConfigError(
+            var, raw, "use all-linear, or a comma list of module names such as q_proj,k_proj,v_proj,o_proj"
+        )
+    return ",".join(dict.fromkeys(names))
 
 
 def _parse_bool(var: str, raw: str) -> bool:
@@ -602,15 +616,63 @@ class Config:
     keep_checkpoints: int = _env(
         "KEEP_CHECKPOINTS", 2, "Checkpoints of this node kept in the shared folder.", _parse_int(1)
     )
-    device: str = _env("DEVICE", "auto", "auto, cpu, cuda or cuda:N: where this node's model lives.", _parse_device)
+    device: str = _env(
+        "DEVICE",
+        "auto",
+        "auto, cpu, cuda, cuda:N or mps: where this node's model lives. auto: the first CUDA GPU, else Apple "
+        "silicon's GPU (mps), else the CPU. On mps an operation it lacks runs on the CPU, with a WARNING naming it.",
+        _parse_device,
+    )
     cpu_only: bool = _env("CPU_ONLY", False, "Force the CPU even where a GPU exists.", _parse_bool)
     precision: str = _env(
         "PRECISION",
         "auto",
-        "auto, bf16, fp16 or fp32: the autocast of the forward passes (weights and optimizer stay float32). "
-        "auto: bf16 on a GPU that runs it natively (compute capability 8.0 or newer), else fp32 (a T4's bf16 is "
-        "emulated); fp16 autocasts with loss scaling, for older GPUs, not yet measured on one.",
+        "auto, bf16, fp16 or fp32: the autocast of the forward passes. auto: bf16 on a GPU that runs it natively "
+        "(compute capability 8.0 or newer), fp16 (loss-scaled) where the weights are fp16, else fp32 (a T4's bf16 is "
+        "emulated); fp16 autocasts with loss scaling, for older GPUs.",
         _parse_choice(PRECISIONS),
+    )
+    weight_dtype: str = _env(
+        "WEIGHT_DTYPE",
+        "auto",
+        "auto, fp32, bf16 or fp16: the dtype the model's weights are kept in. The trained weights' optimizer state "
+        "has their dtype: LoRA adapters stay fp32 whatever the base's. auto: fp32 for a full fine-tune (small "
+        "updates are not lost); with LoRA the frozen base is bf16 on a GPU that runs it natively, fp16 on other "
+        "CUDA GPUs (a T4), fp32 on the CPU and mps. fp16 only with LoRA (a full fine-tune in fp16 diverges); bf16 "
+        "refused on a GPU without it.",
+        _parse_choice(WEIGHT_DTYPES),
+    )
+    lora_r: int = _env(
+        "LORA_R",
+        0,
+        "LoRA rank (peft): train low-rank adapters instead of every weight; 0 is a full fine-tune. 8-32 are usual; "
+        "adapters alone go into checkpoints and Hub pushes.",
+        _parse_int(0, 1024),
+    )
+    lora_alpha: float = _env(
+        "LORA_ALPHA", 32.0, "LoRA scaling numerator (peft lora_alpha): the update is scaled by alpha / r.",
+        _parse_float(1e-6, 1e6),
+    )
+    lora_dropout: float = _env(
+        "LORA_DROPOUT",
+        0.0,
+        "Dropout on the LoRA path while training. 0 keeps the log-probs of training equal to those of sampling "
+        "(GRPO's ratio is 1 at the first step).",
+        _parse_float(0.0, 0.9),
+    )
+    lora_target_modules: str = _env(
+        "LORA_TARGET_MODULES",
+        "all-linear",
+        "Modules given adapters: all-linear (every linear layer but the output head, peft's shorthand), or a "
+        "comma list of names such as q_proj,k_proj,v_proj,o_proj.",
+        _parse_target_modules,
+    )
+    gradient_checkpointing: bool = _env(
+        "GRADIENT_CHECKPOINTING",
+        False,
+        "Recompute each layer's activations in the backward pass instead of keeping them: less memory for longer "
+        "completions and bigger micro-batches, about a third more training time. Same gradients.",
+        _parse_bool,
     )
     hub_push_interval: int = _env(
         "HUB_PUSH_INTERVAL", 10, "With HUGGINGFACE_ACCESS_TOKEN set: rounds between pushes to the Hub.", _parse_int(1)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-import resource
 import sys
 import time
 from contextlib import nullcontext
@@ -26,6 +25,11 @@ from torch import Tensor
 from swarm_gdrive import progress
 from swarm_gdrive.protocol.records import MAX_COMPLETION_CHARS
 from swarm_gdrive.training import grpo
+
+try:  # POSIX only: a native Windows process measures its memory through psutil (peak_memory_mb)
+    import resource
+except ImportError:  # pragma: no cover - exercised by tests/unit/test_portable_imports.py
+    resource = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -134,9 +138,16 @@ def ragged_advantages(rewards: list[list[float]], scale_rewards: str) -> list[li
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """Peak memory of this process: CUDA allocations on a GPU, resident set size on the CPU."""
+    """Peak memory of this process: CUDA allocations on a GPU; on Apple silicon what the MPS driver holds now
+    (it keeps no peak); the resident set's peak on the CPU (its current size where ``resource`` is missing)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    if device.type == "mps":
+        return torch.mps.driver_allocated_memory() / 2**20
+    if resource is None:
+        import psutil
+
+        return psutil.Process().memory_info().rss / 2**20
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / 2**20 if sys.platform == "darwin" else rss / 1024
 
