@@ -41,11 +41,12 @@ logger = logging.getLogger(__name__)
 MANIFEST = "checkpoint.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "trainer_state.json"
-#: The only names a checkpoint may contain (no .bin, .pt or .pkl: nothing that unpickles).
+#: The only names a checkpoint may contain (no .bin, .pt or .pkl: nothing that unpickles). With LoRA (LORA_R > 0)
+#: the model is the adapters alone (adapter_model.safetensors and adapter_config.json); the base is MODEL_NAME.
 ALLOWED_FILES = re.compile(
     r"(config\.json|generation_config\.json|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json"
     r"|tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json|chat_template\.jinja|vocab\.json|merges\.txt"
-    r"|added_tokens\.json|optimizer\.safetensors|trainer_state\.json)"
+    r"|added_tokens\.json|optimizer\.safetensors|trainer_state\.json|adapter_model\.safetensors|adapter_config\.json)"
 )
 MAX_JSON_BYTES = 64 * 1024 * 1024
 MAX_FILE_BYTES = 64 * 1024**3
@@ -147,6 +148,8 @@ def rng_tensors() -> dict[str, torch.Tensor]:
     if torch.cuda.is_available():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             out[f"rng.cuda.{i}"] = s
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        out["rng.mps"] = torch.mps.get_rng_state()
     return out
 
 
@@ -322,8 +325,11 @@ def _check_loadable(manifest: Manifest, run_id: str | None = None) -> None:
     names = set(manifest.files)
     if OPTIMIZER_FILE not in names or STATE_FILE not in names:
         raise CheckpointError("manifest lacks the optimizer or trainer state")
-    if "config.json" not in names or not ({"model.safetensors", "model.safetensors.index.json"} & names):
-        raise CheckpointError("manifest lacks the model (config.json and model safetensors)")
+    adapters = {"adapter_model.safetensors", "adapter_config.json"} <= names
+    if not adapters and (
+        "config.json" not in names or not ({"model.safetensors", "model.safetensors.index.json"} & names)
+    ):
+        raise CheckpointError("manifest lacks the model (config.json and model safetensors, or LoRA adapters)")
 
 
 def load_latest(
@@ -374,6 +380,8 @@ def restore_training_state(folder: Path, optimizer: torch.optim.Optimizer) -> in
     cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]
     if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(cuda)
+    if "rng.mps" in tensors and getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(tensors["rng.mps"])
     version, state, gauss = meta["python_rng"]
     random.setstate((version, tuple(state), gauss))
     return int(meta["round"])

@@ -17,19 +17,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from swarm_gdrive.config import Config
 from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.protocol.records import MAX_BYTES, RolloutGroup, TaskEval, standard_error
 from swarm_gdrive.protocol.sapo import ScoredGroup, rng_for
 from swarm_gdrive.protocol.workload import StageContext
 from swarm_gdrive.storage import Storage
-from swarm_gdrive.training import checkpoint, grpo, hub
+from swarm_gdrive.training import adapters, checkpoint, grpo, hub
 from swarm_gdrive.training.completions import CompletionCodec, Received, external_metrics
 from swarm_gdrive.training.curriculum import curriculum_step
 from swarm_gdrive.training.models import load_model_and_tokenizer, resolve_model
-from swarm_gdrive.training.policy import PolicyTrainer, TrainGroup, TrainSettings, peak_memory_mb, pick_device
+from swarm_gdrive.training.policy import (
+    PolicyTrainer,
+    TrainGroup,
+    TrainSettings,
+    peak_memory_mb,
+    pick_device,
+    pick_weight_dtype,
+)
 from swarm_gdrive.training.rewards import ANSWER_OPEN
 from swarm_gdrive.training.tasks import TaskBank, build_messages, parse_task_mix, question_rng
 
@@ -64,6 +69,18 @@ def settings_from(config: Config) -> TrainSettings:
     )
 
 
+def lora_settings(config: Config) -> adapters.LoraSettings | None:
+    """LORA_R and its companions; None for a full fine-tune (LORA_R=0)."""
+    if config.lora_r <= 0:
+        return None
+    return adapters.LoraSettings(
+        r=config.lora_r,
+        alpha=config.lora_alpha,
+        dropout=config.lora_dropout,
+        target_modules=config.lora_target_modules,
+    )
+
+
 def _stats(prefix: str, values: list[float]) -> dict[str, float]:
     if not values:
         return {}
@@ -95,20 +112,33 @@ class GRPOWorkload:
         resolved = resolve_model(config.model_name, config.model_cache_dir)
         started = time.monotonic()
         token = config.huggingface_access_token
-        model, tokenizer = load_model_and_tokenizer(resolved.source, self.device, torch.float32, token)
+        self.lora = lora_settings(config)
+        self.weight_dtype = adapters.DTYPES[pick_weight_dtype(config.weight_dtype, self.device, self.lora is not None)]
+        model, tokenizer = load_model_and_tokenizer(resolved.source, self.device, self.weight_dtype, token)
+        if config.gradient_checkpointing:
+            adapters.enable_gradient_checkpointing(model)
+        if self.lora is not None:
+            model = adapters.apply_lora(model, self.lora)
         reference = None
-        if config.beta > 0:
-            reference, _ = load_model_and_tokenizer(resolved.source, self.device, torch.float32, token)
+        if config.beta > 0 and self.lora is None:  # with LoRA the reference is the model, adapters disabled
+            reference, _ = load_model_and_tokenizer(resolved.source, self.device, self.weight_dtype, token)
             reference.eval().requires_grad_(False)
         self.trainer = PolicyTrainer(model, tokenizer, settings_from(config), self.device, reference)
+        plan = adapters.trainable_summary(model)
         logger.info(
-            "loaded %s (%s, %.1fM parameters) on %s, precision %s, in %.1f s",
+            "loaded %s (%s, %.1fM parameters, weights %s) on %s in %.1f s; training %s: %.2fM parameters, their "
+            "AdamW state %s (2 tensors each); autocast %s; gradient checkpointing %s",
             config.model_name,
             resolved.kind,
-            sum(p.numel() for p in model.parameters()) / 1e6,
+            plan["parameters"] / 1e6,
+            plan["weights"],
             self.device,
-            self.trainer.precision,
             time.monotonic() - started,
+            f"LoRA adapters (r={self.lora.r}, {self.lora.target_modules})" if self.lora else "every weight",
+            plan["trainable"] / 1e6,
+            plan["trained_dtype"],
+            self.trainer.precision,
+            "on" if config.gradient_checkpointing else "off",
         )
         self.prefix = ANSWER_OPEN if config.answer_prefix else ""
         self.prefix_ids: list[int] = (
@@ -315,6 +345,8 @@ class GRPOWorkload:
             try:
                 round_ = self._load(restored)
                 break
+            except adapters.SettingsMismatchError:
+                raise  # every older checkpoint has the same settings: the user must choose, not lose them
             except Exception as exc:  # noqa: BLE001 - a checkpoint that does not load: try the one before
                 logger.warning(
                     "checkpoint of round %d does not load (%s: %s); trying an older one",
@@ -333,10 +365,26 @@ class GRPOWorkload:
         return round_
 
     def _load(self, restored: checkpoint.Restored) -> int:
+        """The restored weights (or adapters) and training state into the trainer; SettingsMismatchError when
+        the checkpoint holds adapters and LoRA is off now, or the other way round, or other LoRA settings."""
         from transformers import AutoModelForCausalLM
 
-        saved = AutoModelForCausalLM.from_pretrained(restored.folder, dtype=torch.float32, use_safetensors=True)
-        self.trainer.model.load_state_dict(saved.state_dict())
+        has_adapters = (restored.folder / adapters.ADAPTER_WEIGHTS).exists()
+        if has_adapters != (self.lora is not None):
+            raise adapters.SettingsMismatchError(
+                f"the checkpoint of round {restored.round} holds "
+                + (
+                    "LoRA adapters, but LORA_R=0 now: set LORA_R, LORA_ALPHA and LORA_TARGET_MODULES as trained"
+                    if has_adapters
+                    else f"every weight (a full fine-tune), but LORA_R={self.config.lora_r} now: set LORA_R=0"
+                )
+                + " to resume, or give this node another NODE_ID to start afresh"
+            )
+        if self.lora is not None:
+            adapters.load_adapters(self.trainer.model, restored.folder, self.lora)
+        else:
+            saved = AutoModelForCausalLM.from_pretrained(restored.folder, dtype=self.weight_dtype, use_safetensors=True)
+            self.trainer.model.load_state_dict(saved.state_dict())
         round_ = checkpoint.restore_training_state(restored.folder, self.trainer.optimizer)
         for group in self.trainer.optimizer.param_groups:  # WEIGHT_DECAY as configured now, not as saved
             group["weight_decay"] = self.config.weight_decay

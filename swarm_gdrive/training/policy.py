@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import time
 from contextlib import nullcontext
@@ -24,7 +25,7 @@ from torch import Tensor
 
 from swarm_gdrive import progress
 from swarm_gdrive.protocol.records import MAX_COMPLETION_CHARS
-from swarm_gdrive.training import grpo
+from swarm_gdrive.training import adapters, grpo
 
 try:  # POSIX only: a native Windows process measures its memory through psutil (peak_memory_mb)
     import resource
@@ -79,18 +80,55 @@ class DeviceError(ValueError):
     """DEVICE names a device this machine does not have; the message says what to set."""
 
 
+def mps_available() -> bool:
+    """Apple silicon's GPU through Metal (macOS 12.3 or newer, a torch built with MPS)."""
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
 def pick_device(requested: str, cpu_only: bool) -> torch.device:
-    """DEVICE (auto | cpu | cuda | cuda:N) and CPU_ONLY to a torch device; explicit, never a device_map."""
+    """DEVICE (auto | cpu | cuda | cuda:N | mps) and CPU_ONLY to a torch device; explicit, never a device_map.
+
+    auto is the first CUDA GPU, else Apple silicon's GPU (mps), else the CPU."""
     if cpu_only or requested == "cpu":
         return torch.device("cpu")
     if requested == "auto":
-        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda:0")
+        return _mps() if mps_available() else torch.device("cpu")
+    if requested == "mps":
+        if not mps_available():
+            raise DeviceError(
+                "DEVICE='mps': Apple silicon's GPU is not available here (it needs a Mac with an M-series chip, "
+                "macOS 12.3 or newer and torch built with MPS); use DEVICE=cpu or DEVICE=auto"
+            )
+        return _mps()
     if not torch.cuda.is_available():
         raise DeviceError(f"DEVICE={requested!r}: CUDA is not available here; use DEVICE=cpu or CPU_ONLY=true")
     device = torch.device(requested)
     if device.index is not None and device.index >= torch.cuda.device_count():
         raise DeviceError(f"DEVICE={requested!r}: only {torch.cuda.device_count()} CUDA device(s) here")
     return device
+
+
+def _mps() -> torch.device:
+    """The mps device, saying how the operations that Metal lacks will run (:mod:`swarm_gdrive`'s import sets
+    PYTORCH_ENABLE_MPS_FALLBACK=1 on macOS unless it is set, which torch reads once, at its own import)."""
+    import swarm_gdrive
+
+    fallback = os.environ.get("PYTORCH_ENABLE_MPS_FALLBACK", "0").strip() not in ("", "0")
+    if fallback and not swarm_gdrive.MPS_FALLBACK_SET_LATE:
+        logger.warning(
+            "DEVICE=mps: an operation Metal lacks runs on the CPU instead (PYTORCH_ENABLE_MPS_FALLBACK=1, slower); "
+            "torch names each one once in a UserWarning ('... will fall back to run on the CPU')"
+        )
+    else:
+        logger.warning(
+            "DEVICE=mps: torch was imported before PYTORCH_ENABLE_MPS_FALLBACK=1 was set, so an operation Metal "
+            "lacks raises NotImplementedError naming it: export PYTORCH_ENABLE_MPS_FALLBACK=1 before starting "
+            "Python (or import swarm_gdrive before torch) to run such operations on the CPU"
+        )
+    return torch.device("mps")
 
 
 def native_bf16(device: torch.device) -> bool:
@@ -101,15 +139,18 @@ def native_bf16(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-def pick_precision(requested: str, device: torch.device) -> str:
+def pick_precision(requested: str, device: torch.device, weights: torch.dtype = torch.float32) -> str:
     """PRECISION (auto | bf16 | fp16 | fp32) on ``device`` to the autocast used: bf16, fp16 or fp32.
 
-    auto is bf16 where it is native and fp32 elsewhere: on an older GPU (a T4) fp16 with loss scaling is
-    there to ask for, not the default, until it is measured there (the scaler guards the gradients, not a
-    forward pass that overflows float16's range). An explicit bf16 on a GPU without it is refused, naming
-    the GPU; fp16 and bf16 on the CPU run as asked (slowly: for tests and comparisons)."""
+    auto is bf16 where it is native; fp16 (loss-scaled) where the weights are float16 (WEIGHT_DTYPE=fp16 with
+    LoRA, on a T4); fp32 elsewhere: on an older GPU with float32 weights, fp16 is there to ask for, not the
+    default (the scaler guards the gradients, not a forward pass that overflows float16's range). An explicit
+    bf16 on a GPU without it is refused, naming the GPU, and so is a precision that Apple silicon's autocast
+    lacks; fp16 and bf16 on the CPU run as asked (slowly: for tests and comparisons)."""
     if requested == "auto":
-        return "bf16" if native_bf16(device) else "fp32"
+        if native_bf16(device):
+            return "bf16"
+        return "fp16" if weights == torch.float16 else "fp32"
     if requested == "bf16" and device.type == "cuda" and not native_bf16(device):
         major, minor = torch.cuda.get_device_capability(device)
         raise DeviceError(
@@ -118,6 +159,35 @@ def pick_precision(requested: str, device: torch.device) -> str:
         )
     if requested not in ("bf16", "fp16", "fp32"):
         raise ValueError(f"PRECISION={requested!r}: use auto, bf16, fp16 or fp32")
+    if device.type == "mps" and requested == "bf16" and not torch.backends.mps.is_macos_or_newer(14, 0):
+        raise DeviceError("PRECISION=bf16 on mps needs macOS 14 or newer; use PRECISION=fp16 or fp32")
+    return requested
+
+
+def pick_weight_dtype(requested: str, device: torch.device, lora: bool) -> str:
+    """WEIGHT_DTYPE (auto | fp32 | bf16 | fp16) to the dtype the model's weights are loaded in.
+
+    auto: fp32 for a full fine-tune, whose AdamW state has the weights' dtype and whose small updates a
+    half-precision weight would round away; with LoRA (adapters and their optimizer state stay fp32) the frozen
+    base is bf16 on a GPU that runs it natively, fp16 on other CUDA GPUs (a T4), fp32 on the CPU and mps.
+    fp16 weights are refused for a full fine-tune (AdamW in float16 underflows and loss scaling cannot unscale
+    float16 gradients), and bf16 on a GPU without it."""
+    if requested == "auto":
+        if not lora or device.type != "cuda":
+            return "fp32"
+        return "bf16" if native_bf16(device) else "fp16"
+    if requested == "fp16" and not lora:
+        raise DeviceError(
+            "WEIGHT_DTYPE=fp16 would train every weight in float16, which diverges: use it with LoRA (LORA_R > 0, "
+            "the adapters stay float32), or WEIGHT_DTYPE=bf16 (a GPU of compute capability 8.0 or newer) or fp32"
+        )
+    if requested == "bf16" and device.type == "cuda" and not native_bf16(device):
+        raise DeviceError(
+            f"WEIGHT_DTYPE=bf16: {torch.cuda.get_device_name(device)} has no native bfloat16; use WEIGHT_DTYPE=fp16 "
+            "with LoRA (LORA_R > 0) or fp32"
+        )
+    if requested not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"WEIGHT_DTYPE={requested!r}: use auto, fp32, bf16 or fp16")
     return requested
 
 
@@ -189,8 +259,8 @@ class PolicyTrainer:
         device: torch.device,
         reference_model: PreTrainedModel | None = None,
     ) -> None:
-        if settings.loss.beta > 0 and reference_model is None:
-            raise ValueError("BETA > 0 needs a frozen reference model")
+        if settings.loss.beta > 0 and reference_model is None and not adapters.is_lora(model):
+            raise ValueError("BETA > 0 needs a frozen reference model (or LoRA adapters, disabled for it)")
         self.model = model
         self.reference_model = reference_model
         self.tokenizer = tokenizer
@@ -201,7 +271,7 @@ class PolicyTrainer:
             lr=warmup_lr(settings.learning_rate, settings.warmup_steps, 0),
             weight_decay=settings.weight_decay,
         )
-        self.precision = pick_precision(settings.precision, device)
+        self.precision = pick_precision(settings.precision, device, adapters.weight_dtype(model))
         dtype = _AUTOCAST_DTYPES.get(self.precision)
         self._autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else nullcontext
         # float16's range is narrow: the loss is scaled up before backward and the gradients down before clipping;
@@ -421,11 +491,18 @@ class PolicyTrainer:
 
     @torch.no_grad()
     def _ref_logps(self, batches: list[dict[str, Any]]) -> list[Tensor]:
-        """Log-probs of the frozen reference, loaded only when BETA > 0."""
+        """Log-probs of the frozen reference when BETA > 0: a second copy loaded for it, or with LoRA the model
+        itself with its adapters disabled."""
+        if self.reference_model is None:
+            with self.model.disable_adapter():
+                return self._logps_of(self.model, batches)
+        return self._logps_of(self.reference_model, batches)
+
+    def _logps_of(self, model: Any, batches: list[dict[str, Any]]) -> list[Tensor]:
         with self._autocast():
             return [
                 grpo.per_token_logps(
-                    self.reference_model,
+                    model,
                     b["input_ids"],
                     b["attention_mask"],
                     b["logits_to_keep"],

@@ -131,6 +131,12 @@ VALID: dict[str, tuple[str, str, object, dict[str, str]]] = {
     "DEVICE": ("CUDA:1", "device", "cuda:1", {}),
     "CPU_ONLY": ("yes", "cpu_only", True, {}),
     "PRECISION": (" FP16 ", "precision", "fp16", {}),
+    "WEIGHT_DTYPE": (" BF16 ", "weight_dtype", "bf16", {}),
+    "LORA_R": ("16", "lora_r", 16, {}),
+    "LORA_ALPHA": ("8", "lora_alpha", 8.0, {}),
+    "LORA_DROPOUT": ("0.05", "lora_dropout", 0.05, {}),
+    "LORA_TARGET_MODULES": (" q_proj, v_proj,q_proj ", "lora_target_modules", "q_proj,v_proj", {}),
+    "GRADIENT_CHECKPOINTING": ("on", "gradient_checkpointing", True, {}),
     "HUB_PUSH_INTERVAL": ("4", "hub_push_interval", 4, {}),
     "HUB_REPO_ID": (" me/my-model ", "hub_repo_id", "me/my-model", {}),
 }
@@ -248,6 +254,12 @@ def test_defaults(base: dict[str, str], tmp_path: Path, monkeypatch: pytest.Monk
         "device": "auto",
         "cpu_only": False,
         "precision": "auto",
+        "weight_dtype": "auto",
+        "lora_r": 0,
+        "lora_alpha": 32.0,
+        "lora_dropout": 0.0,
+        "lora_target_modules": "all-linear",
+        "gradient_checkpointing": False,
         "hub_push_interval": 10,
         "hub_repo_id": None,
     }
@@ -291,6 +303,7 @@ def test_unknown_role(base: dict[str, str]) -> None:
         ("LOSS_TYPE", "ppo", "grpo, bnpo, dr_grpo, dapo"),
         ("SCALE_REWARDS", "std", "group, batch, none"),
         ("PRECISION", "fp8", "auto, bf16, fp16, fp32"),
+        ("WEIGHT_DTYPE", "int8", "auto, fp32, bf16, fp16"),
         ("LOG_LEVEL", "verbose", "DEBUG, INFO, WARNING, ERROR"),
     ],
 )
@@ -632,3 +645,14 @@ def test_docs_settings_is_generated_from_config() -> None:
     assert page == settings_markdown(), "run: swarm-gdrive env --markdown > docs/settings.md"
     for f in env_fields():
         assert f"| `{f.metadata['env']}` |" in page
+
+
+@pytest.mark.parametrize("raw", ["", "q_proj;v_proj", "all-linear,q_proj", "1proj", "x" * 65])
+def test_lora_target_modules_must_be_all_linear_or_module_names(base: dict[str, str], raw: str) -> None:
+    err = config_error({**base, "LORA_TARGET_MODULES": raw})
+    assert "use all-linear, or a comma list of module names such as q_proj" in str(err)
+
+
+def test_device_accepts_mps_and_names_it_when_wrong(base: dict[str, str]) -> None:
+    assert from_env({**base, "DEVICE": " MPS "}).device == "mps"
+    assert "mps (Apple silicon)" in str(config_error({**base, "DEVICE": "metal"}))
