@@ -52,7 +52,10 @@ class NodeProcess:
         return code
 
     def terminate(self, timeout: float = 30.0) -> int:
-        """SIGTERM (a clean stop that flushes), then SIGKILL if it has not exited within ``timeout``."""
+        """SIGTERM (a clean stop that flushes), then SIGKILL if it has not exited within ``timeout``.
+
+        Native Windows delivers no SIGTERM: there ``send_signal`` ends the child at once (TerminateProcess), unflushed.
+        """
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

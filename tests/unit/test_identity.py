@@ -28,8 +28,7 @@ def held() -> Iterator[list[Identity]]:
     identities: list[Identity] = []
     yield identities
     for identity in identities:
-        if not identity._handle.closed:
-            identity.release()
+        identity.release()  # a second release does nothing
 
 
 def claim(held: list[Identity], local_dir: str, role: str = "worker", node_id: str | None = None) -> Identity:
@@ -94,6 +93,20 @@ def test_released_node_id_can_be_claimed_again(local_dir: str, held: list[Identi
     assert second.node_id == "alice"
 
 
+def test_an_identity_released_by_another_thread_is_free(local_dir: str, held: list[Identity]) -> None:
+    """The launcher may stop a node from another thread than the one that claimed it."""
+    import threading
+
+    first = claim_identity(local_dir, EXP, "worker", "alice")
+    releaser = threading.Thread(target=first.release)
+    releaser.start()
+    releaser.join()
+    assert claim(held, local_dir, "worker", "alice").node_id == "alice"
+    first.release()  # a second release does nothing: the new holder keeps its identity
+    with pytest.raises(IdentityError):
+        claim_identity(local_dir, EXP, "worker", "alice")
+
+
 def test_invalid_names_rejected(local_dir: str) -> None:
     with pytest.raises(InvalidNameError, match=r"^NODE_ID='\.\./x': "):
         claim_identity(local_dir, EXP, "worker", "../x")
@@ -112,9 +125,10 @@ def test_generated_identity_is_persisted_and_reused(local_dir: str, held: list[I
     again = claim(held, local_dir, "worker", None)
     assert again.node_id == first.node_id
     assert again.generated is True
-    assert sorted(p.name for p in identities_dir(local_dir).iterdir()) == [
+    # the .lock file stays after a release on POSIX (Windows removes it): nothing else, no temporary left
+    assert {p.name for p in identities_dir(local_dir).iterdir()} - {f"{first.node_id}.lock"} == {
         f"{first.node_id}.{x}" for x in ("id", "json")
-    ]
+    }
 
 
 def test_held_generated_identity_is_not_shared(local_dir: str, held: list[Identity]) -> None:
