@@ -72,7 +72,9 @@ def test_two_workers_train_on_local_and_external_groups(tmp_path, model_dir):
     runs = tmp_path / "runs"
     env = training_env(folder, model_dir, MAX_ROUNDS=3, MIN_WORKERS=2, REPORT_TO="tensorboard", TRACKING_DIR=runs)
     nodes = [NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"})]
-    nodes += [NodeProcess(w, {**env, "NODE_ID": w}) for w in ("w1", "w2")]
+    # w2 is a smaller machine's worker: LoRA adapters and gradient checkpointing; peers of either kind swap groups.
+    lora = {"LORA_R": "4", "LORA_ALPHA": "8", "GRADIENT_CHECKPOINTING": "true"}
+    nodes += [NodeProcess(w, {**env, "NODE_ID": w, **(lora if w == "w2" else {})}) for w in ("w1", "w2")]
     try:
         codes = {n.name: n.wait(timeout=300) for n in nodes}
     finally:
@@ -80,11 +82,16 @@ def test_two_workers_train_on_local_and_external_groups(tmp_path, model_dir):
     assert codes == {"coordinator": 0, "w1": 0, "w2": 0}, [n.lines[-10:] for n in nodes]
 
     initial = load_file(str(model_dir / "model.safetensors"))
+    final = load_file(str(folder / LAYOUT.checkpoint_dir("w1", 2) / "model.safetensors"))
+    unchanged = [name for name, tensor in initial.items() if torch.equal(tensor, final[name])]
+    assert not unchanged, f"w1: parameters that never changed: {unchanged}"
+    saved = folder / LAYOUT.checkpoint_dir("w2", 2)
+    assert not (saved / "model.safetensors").exists()  # LoRA: the adapters alone, the base is MODEL_NAME
+    adapters = load_file(str(saved / "adapter_model.safetensors"))
+    assert adapters and all(t.abs().sum() > 0 for name, t in adapters.items() if "lora_B" in name), "untrained"
+    (w2,) = [n for n in nodes if n.name == "w2"]
+    assert any("training LoRA adapters (r=4, all-linear)" in line and "AdamW state fp32" in line for line in w2.lines)
     for w in ("w1", "w2"):
-        final = load_file(str(folder / LAYOUT.checkpoint_dir(w, 2) / "model.safetensors"))
-        unchanged = [name for name, tensor in initial.items() if torch.equal(tensor, final[name])]
-        assert not unchanged, f"{w}: parameters that never changed: {unchanged}"
-
         metrics, problems = decode_lines((folder / LAYOUT.metrics_file(w)).read_bytes(), MetricRecord)
         assert not problems
         stages = {m.round: m.values for m in metrics if "swarm/local_groups" in m.values}
