@@ -386,3 +386,44 @@ def test_importing_the_package_on_macos_turns_the_mps_fallback_on_unless_set(
         [sys.executable, "-c", PROBE.format(before=before)], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == expected
+
+
+# --- Hub pushes ------------------------------------------------------------------------------------------------------
+
+
+class RecordingHub:
+    """Stands in for huggingface_hub.HfApi (no network here): records what upload_folder would send."""
+
+    uploads: list[dict[str, int]] = []
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    def whoami(self) -> dict[str, str]:
+        return {"name": "me"}
+
+    def create_repo(self, repo_id: str, private: bool, exist_ok: bool) -> None:
+        assert private and exist_ok
+
+    def upload_folder(self, folder_path: str, repo_id: str, commit_message: str) -> None:
+        RecordingHub.uploads.append({p.name: p.stat().st_size for p in Path(folder_path).iterdir()})
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_hub_push_sends_the_adapters_alone_with_lora(
+    tmp_path: Path, tiny_folder: Path, monkeypatch: pytest.MonkeyPatch, lora: bool
+) -> None:
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", RecordingHub)
+    monkeypatch.setattr(RecordingHub, "uploads", [])
+    env = {"HUGGINGFACE_ACCESS_TOKEN": "hf_secret", "HUB_PUSH_INTERVAL": "1", **({"LORA_R": "4"} if lora else {})}
+    workload = workload_for(tmp_path, tiny_folder, **env)
+    assert workload.end_round(0, final=False)["hub/pushed"] == 1.0
+    (sent,) = RecordingHub.uploads
+    if lora:
+        assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json"} <= sent.keys()
+        assert "model.safetensors" not in sent
+    else:
+        assert {"model.safetensors", "config.json", "tokenizer.json"} <= sent.keys()
+        assert "adapter_model.safetensors" not in sent
