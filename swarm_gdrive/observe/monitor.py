@@ -629,11 +629,12 @@ def summary_table(storage: Storage, experiment: str) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in lines)
 
 
-def reader_config(args: argparse.Namespace):
-    """(config, storage) for a reading command (status, validate, report, compare) from ``--folder`` /
-    ``--experiment`` and the environment; (None, None) after printing a bad variable's error."""
+def reader_config(args: argparse.Namespace, check_known: bool = True):
+    """(config, storage) for a reading command (status, validate, report, compare, dashboard) from ``--folder``
+    / ``--experiment`` and the environment; (None, None) after printing a bad variable's error, a storage that
+    cannot be opened, or (``check_known``) an experiment the folder does not hold."""
     from swarm_gdrive.config import ConfigError, from_env
-    from swarm_gdrive.storage import storage_for
+    from swarm_gdrive.storage import StorageError, storage_for
 
     env = {"GDRIVE_PATH": args.folder} if args.folder else {}
     if getattr(args, "experiment", None):
@@ -643,7 +644,13 @@ def reader_config(args: argparse.Namespace):
     except ConfigError as exc:
         print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
         return None, None
-    storage = storage_for(config)
+    try:
+        storage = storage_for(config)
+    except StorageError as exc:
+        print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
+        return None, None
+    if not check_known:
+        return config, storage
     named = [*getattr(args, "experiments", []), getattr(args, "baseline", None)]  # compare names several
     wanted = [name for name in dict.fromkeys(named) if name] or [config.experiment_name]
     unknown = unknown_experiments_message(storage, wanted, config.gdrive_path)

@@ -16,7 +16,6 @@ import argparse
 import base64
 import html
 import logging
-import os
 import sys
 import threading
 import time
@@ -24,7 +23,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-from swarm_gdrive.observe.monitor import _state_summary, findings, list_experiments, load, status_table
+from swarm_gdrive.observe.monitor import _state_summary, findings, list_experiments, load, reader_config, status_table
 from swarm_gdrive.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -78,9 +77,15 @@ class Pages:
         self.liveness_timeout = liveness_timeout
         self._cache: dict[str, tuple[float, str]] = {}
         self._lock = threading.Lock()
+        self._names: tuple[float, list[str]] | None = None
+        self._names_lock = threading.Lock()
 
     def experiments(self) -> list[str]:
-        return list_experiments(self.storage)
+        """The folder's experiments, listed at most once per half refresh: every open page's poll asks."""
+        with self._names_lock:
+            if self._names is None or time.monotonic() - self._names[0] >= self.refresh_s / 2:
+                self._names = (time.monotonic(), list_experiments(self.storage))
+            return list(self._names[1])
 
     def page(self, experiment: str | None) -> tuple[int, str]:
         names = self.experiments()
@@ -201,22 +206,13 @@ def add_dashboard_parser(sub) -> argparse.ArgumentParser:
 
 
 def dashboard_main(args: argparse.Namespace) -> int:
-    from swarm_gdrive.config import ConfigError, from_env
-    from swarm_gdrive.storage import StorageError, storage_for
-
     if not args.refresh > 0:
         print(f"swarm-gdrive: error: --refresh={args.refresh:g}: use a number of seconds > 0", file=sys.stderr)
         return 2
-    env = {**os.environ, "NODE_ROLE": "coordinator"}  # a reader: no model, no tasks
-    if args.folder:
-        env["GDRIVE_PATH"] = args.folder
-    try:
-        config = from_env(env)
-        storage = storage_for(config)
-    except (ConfigError, StorageError) as exc:
-        print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
+    config, storage = reader_config(args, check_known=False)  # an experiment may appear while it runs
+    if config is None:
         return 2
-    pages = Pages(storage, args.experiment or config.experiment_name, args.refresh, config.liveness_timeout)
+    pages = Pages(storage, config.experiment_name, args.refresh, config.liveness_timeout)
     try:
         server = make_server(pages, args.host, args.port)
     except OSError as exc:

@@ -368,12 +368,13 @@ class Exchange:
             return self._read(self.layout.state_file, StateRecord, check_run=False)
         path = self.layout.state_file
         unchanged = self._cached(path, entry)[0]
-        if entry.version is None or time.monotonic() - self._state_read_at > STATE_REUSE_S:
+        stale = entry.version is None or time.monotonic() - self._state_read_at > STATE_REUSE_S
+        if stale:
             # A store whose listing has no version (whole-second mtimes: two quick writes of one size look alike),
             # or a reuse old enough that a listing lagging behind an update may be what kept it: read again, and
             # not from that listing (a changed entry's own copy is newer than the last read: it may be used).
             self._cache.pop(path, None)
-        if not self._cached(path, entry)[0]:
+        if stale or not unchanged:
             self._state_read_at = time.monotonic()
         return self._read_listed(folder, [entry], StateRecord, check_run=False, inline=not unchanged)[name]
 
