@@ -76,10 +76,12 @@ def weight_dtype(model: Any) -> torch.dtype:
     return model.get_input_embeddings().weight.dtype
 
 
-def apply_lora(model: Any, lora: LoraSettings) -> Any:
+def apply_lora(model: Any, lora: LoraSettings, base_name: str | None = None) -> Any:
     """Wrap ``model`` in a peft model with LoRA adapters on LORA_TARGET_MODULES; the base is frozen.
 
-    A target list that matches no module is refused naming the model's linear layers."""
+    ``base_name`` (MODEL_NAME) is what adapter_config.json and the Hub's model card name as the base, instead of
+    the folder it was loaded from (a path on this node's disk). A target list that matches no module is refused
+    naming the model's linear layers."""
     from peft import get_peft_model
 
     try:
@@ -92,6 +94,9 @@ def apply_lora(model: Any, lora: LoraSettings) -> Any:
             f"LORA_TARGET_MODULES={lora.target_modules!r} does not fit this model ({exc}); its linear layers are "
             f"{', '.join(linear)}: name some of them, or use all-linear"
         ) from None
+    if base_name is not None:
+        for config in wrapped.peft_config.values():
+            config.base_model_name_or_path = base_name
     return wrapped
 
 

@@ -118,7 +118,7 @@ class GRPOWorkload:
         if config.gradient_checkpointing:
             adapters.enable_gradient_checkpointing(model)
         if self.lora is not None:
-            model = adapters.apply_lora(model, self.lora)
+            model = adapters.apply_lora(model, self.lora, base_name=config.model_name)
         reference = None
         if config.beta > 0 and self.lora is None:  # with LoRA the reference is the model, adapters disabled
             reference, _ = load_model_and_tokenizer(resolved.source, self.device, self.weight_dtype, token)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -116,6 +117,8 @@ def test_lora_checkpoints_hold_the_adapters_alone_and_resume_exactly(tmp_path: P
     names = {p.name for p in folder.iterdir()}
     assert {"adapter_model.safetensors", "adapter_config.json", "optimizer.safetensors"} <= names
     assert "model.safetensors" not in names and "README.md" not in names  # no base weights, nothing unlisted
+    saved = json.loads((folder / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == str(tiny_folder)  # MODEL_NAME as given, never a cache path
 
     second = workload_for(tmp_path, tiny_folder, **env)
     assert params(second.trainer.model, lora=True).keys() == params(first.trainer.model, lora=True).keys()
@@ -427,3 +430,14 @@ def test_a_hub_push_sends_the_adapters_alone_with_lora(
     else:
         assert {"model.safetensors", "config.json", "tokenizer.json"} <= sent.keys()
         assert "adapter_model.safetensors" not in sent
+
+
+def test_adapters_name_model_name_as_their_base_not_the_folder_they_were_loaded_from(
+    tiny_folder: Path, tmp_path: Path
+) -> None:
+    model, _ = load_model_and_tokenizer(str(tiny_folder), CPU, torch.float32)
+    wrapped = adapters.apply_lora(model, adapters.LoraSettings(4), base_name="SmolLM2-135M-Instruct")
+    wrapped.save_pretrained(tmp_path / "out", safe_serialization=True)
+    saved = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == "SmolLM2-135M-Instruct"
+    assert str(tiny_folder) not in (tmp_path / "out" / "README.md").read_text()
