@@ -84,6 +84,9 @@ def apply_lora(model: Any, lora: LoraSettings, base_name: str | None = None) -> 
     naming the model's linear layers."""
     from peft import get_peft_model
 
+    if base_name is not None:  # what peft writes as the base: adapter_config.json, the model card's base_model
+        model.config._name_or_path = base_name
+        model.name_or_path = base_name
     try:
         wrapped = get_peft_model(model, lora.peft_config())
     except ValueError as exc:
@@ -94,9 +97,6 @@ def apply_lora(model: Any, lora: LoraSettings, base_name: str | None = None) -> 
             f"LORA_TARGET_MODULES={lora.target_modules!r} does not fit this model ({exc}); its linear layers are "
             f"{', '.join(linear)}: name some of them, or use all-linear"
         ) from None
-    if base_name is not None:
-        for config in wrapped.peft_config.values():
-            config.base_model_name_or_path = base_name
     return wrapped
 
 
