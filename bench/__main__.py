@@ -1,7 +1,8 @@
 """One entry point for the benchmarks: ``python -m bench <part> [options]``.
 
 Parts: coordination, generation, training, learning, study (SAPO, replicated swarms), defaults
-(training-setting sweep), precision (PRECISION against fp32); ``all`` runs coordination, generation and
+(training-setting sweep), precision (PRECISION against fp32), memory (the memory estimate against measured
+peaks, and a round's time); ``all`` runs coordination, generation and
 training with their defaults. Each part writes ``bench/results/<part>_<machine>.json`` and ``.md``.
 ``python -m bench <part> --help`` lists a part's options.
 """
@@ -20,6 +21,7 @@ PARTS = {
     "study": "bench.study",
     "defaults": "bench.defaults",
     "precision": "bench.precision",
+    "memory": "bench.memory_check",
 }
 ALL = ("coordination", "generation", "training")
 

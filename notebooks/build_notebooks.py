@@ -490,20 +490,21 @@ print("experiments:", experiments, "baseline:", baseline)"""
             "multi_node_one_gpu.ipynb",
             "# swarm-gdrive: several workers on one GPU\n\nA coordinator and `NUM_WORKERS` worker "
             "processes sharing one device (`cuda:0` of a GPU runtime, or the CPU where there is no GPU). Free "
-            "memory is checked first against `NUM_WORKERS` x `MEMORY_PER_WORKER_GB`; every process's output "
-            "is streamed live; the stop button stops them all cleanly.",
+            "memory is checked first against `NUM_WORKERS` x one worker's memory, estimated from `MODEL_NAME` "
+            "and the training settings as `swarm-gdrive memory` does (docs/hardware.md; `MEMORY_PER_WORKER_GB` "
+            "overrides it); every process's output is streamed live; the stop button stops them all cleanly.",
             EXPERIMENT_PARAMS.replace('"my-run"', '"one-gpu"')
             + """\
 NUM_WORKERS = 2  #@param {type:"integer"}
 DEVICE = "auto"  #@param ["auto", "cpu", "cuda:0"]
-MEMORY_PER_WORKER_GB = 4.0  #@param {type:"number"}
+# GiB one worker needs; 0: estimated from MODEL_NAME and the training settings (printed part by part).
+MEMORY_PER_WORKER_GB = 0.0  #@param {type:"number"}
 TIMEOUT_SECONDS = 7200  #@param {type:"number"}
 """
             + TRAINING_PARAMS,
             [
                 new_code_cell(
                     "from swarm_gdrive import notebook\n\ndevice = notebook.pick_device(DEVICE)\n"
-                    "notebook.check_memory(NUM_WORKERS, MEMORY_PER_WORKER_GB, device)\n"
                     "env = notebook.node_env(\n"
                     + EXPERIMENT_ENV_ARGS
                     + "\n"
@@ -511,7 +512,8 @@ TIMEOUT_SECONDS = 7200  #@param {type:"number"}
                     + """
     DEVICE=device,
     MIN_WORKERS=NUM_WORKERS,
-)"""
+)
+notebook.check_memory(NUM_WORKERS, MEMORY_PER_WORKER_GB, device, env)"""
                 ),
                 new_code_cell("codes = notebook.run_swarm(env, NUM_WORKERS, TIMEOUT_SECONDS)"),
                 new_code_cell("notebook.show_summary(env);"),

@@ -650,7 +650,9 @@ class Config:
         _parse_int(0, 1024),
     )
     lora_alpha: float = _env(
-        "LORA_ALPHA", 32.0, "LoRA scaling numerator (peft lora_alpha): the update is scaled by alpha / r.",
+        "LORA_ALPHA",
+        32.0,
+        "LoRA scaling numerator (peft lora_alpha): the update is scaled by alpha / r.",
         _parse_float(1e-6, 1e6),
     )
     lora_dropout: float = _env(

@@ -446,15 +446,45 @@ def free_memory_gb(device: str) -> float:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
 
 
-def check_memory(workers: int, per_worker_gb: float, device: str) -> float:
-    """Raise MemoryError unless ``device`` has ``workers`` x ``per_worker_gb`` GiB free; returns the free GiB."""
+def worker_memory_gb(env: Mapping[str, str], device: str) -> float:
+    """The memory one worker with ``env``'s model and training settings needs on ``device``, GiB: the estimate of
+    ``swarm-gdrive memory`` (:mod:`swarm_gdrive.training.memory`), printed part by part."""
+    from swarm_gdrive.training import memory
+
+    config = effective_config(env)
+    kind = "cuda" if device.startswith("cuda") else device
+    native_bf16 = False
+    if kind == "cuda":
+        import torch
+
+        native_bf16 = torch.cuda.get_device_capability(torch.device(device)) >= (8, 0)
+    try:
+        arch = memory.architecture_for(config.model_name, config.huggingface_access_token)
+    except memory.UnknownModelError as exc:
+        raise memory.UnknownModelError(f"{exc}; or set MEMORY_PER_WORKER_GB to your own figure") from None
+    est = memory.estimate(arch, memory.settings_from(config, kind, native_bf16))
+    print(f"one worker of {arch.name} on {device} (estimate, docs/hardware.md):")
+    print(memory.breakdown(est))
+    return est.peak / 2**30
+
+
+def check_memory(workers: int, per_worker_gb: float | None, device: str, env: Mapping[str, str] | None = None) -> float:
+    """Raise MemoryError unless ``device`` has ``workers`` x ``per_worker_gb`` GiB free; returns the free GiB.
+
+    ``per_worker_gb`` 0 or None: :func:`worker_memory_gb` of ``env`` (the swarm's environment, MODEL_NAME and the
+    training settings)."""
+    if not per_worker_gb:
+        if env is None:
+            raise ValueError("check_memory: give per_worker_gb, or the swarm's env to estimate it from")
+        per_worker_gb = worker_memory_gb(env, device)
     free = free_memory_gb(device)
     needed = workers * per_worker_gb
-    print(f"{device}: {free:.1f} GiB free, {workers} workers x {per_worker_gb} GiB = {needed:.1f} GiB needed")
+    print(f"{device}: {free:.1f} GiB free, {workers} workers x {per_worker_gb:.2f} GiB = {needed:.1f} GiB needed")
     if free < needed:
         raise MemoryError(
             f"{device} has {free:.1f} GiB free but {workers} workers need about {needed:.1f} GiB: "
-            "lower NUM_WORKERS or the per-worker estimate's drivers (model, batch sizes)"
+            "lower NUM_WORKERS or the per-worker estimate's drivers (model, MICRO_BATCH_SIZE, GEN_BATCH_SIZE, "
+            "MAX_NEW_TOKENS; LORA_R, GRADIENT_CHECKPOINTING: swarm-gdrive memory says what fits)"
         )
     return free
 
