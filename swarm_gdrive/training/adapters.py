@@ -130,12 +130,6 @@ def trainable_summary(model: Any) -> dict[str, Any]:
     }
 
 
-def _expected_state(model: Any) -> dict[str, Tensor]:
-    from peft import get_peft_model_state_dict
-
-    return get_peft_model_state_dict(model)
-
-
 def check_adapter_config(folder: Path, lora: LoraSettings) -> None:
     """The checkpoint's adapter_config.json against the node's LoRA settings (rank, alpha, dropout ignored)."""
     path = folder / ADAPTER_CONFIG
@@ -158,12 +152,12 @@ def load_adapters(model: Any, folder: Path, lora: LoraSettings) -> None:
 
     Only safetensors is read (never ``adapter_model.bin``); a different rank or other target modules is a
     :class:`SettingsMismatchError` naming the variables to set."""
-    from peft import set_peft_model_state_dict
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from safetensors.torch import load_file
 
     check_adapter_config(folder, lora)
     saved = load_file(str(folder / ADAPTER_WEIGHTS))
-    expected = _expected_state(model)
+    expected: dict[str, Tensor] = get_peft_model_state_dict(model)
     missing, extra = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
     shapes = [k for k in expected if k in saved and saved[k].shape != expected[k].shape]
     if missing or extra or shapes:

@@ -32,6 +32,7 @@ from swarm_gdrive.protocol.layout import Layout, parse_round_dir
 from swarm_gdrive.protocol.records import ExperimentRecord, decode
 from swarm_gdrive.storage import Storage
 from swarm_gdrive.storage.base import is_temp_of
+from swarm_gdrive.training import adapters
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -325,8 +326,8 @@ def _check_loadable(manifest: Manifest, run_id: str | None = None) -> None:
     names = set(manifest.files)
     if OPTIMIZER_FILE not in names or STATE_FILE not in names:
         raise CheckpointError("manifest lacks the optimizer or trainer state")
-    adapters = {"adapter_model.safetensors", "adapter_config.json"} <= names
-    if not adapters and (
+    has_adapters = {adapters.ADAPTER_WEIGHTS, adapters.ADAPTER_CONFIG} <= names
+    if not has_adapters and (
         "config.json" not in names or not ({"model.safetensors", "model.safetensors.index.json"} & names)
     ):
         raise CheckpointError("manifest lacks the model (config.json and model safetensors, or LoRA adapters)")
