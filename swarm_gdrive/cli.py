@@ -230,7 +230,11 @@ def add_memory_parser(sub: Any) -> None:
         "Exit 1 when it does not fit the memory given.",
     )
     mem.add_argument("--model", help="MODEL_NAME to estimate instead of the environment's")
-    mem.add_argument("--gpu", choices=list(DEVICES), help="one of the guide's devices (its memory and dtypes)")
+    mem.add_argument(
+        "--gpu",
+        choices=list(DEVICES),
+        help="one of the guide's devices (a GPU, Apple silicon or a laptop): its memory, dtypes and speed",
+    )
     mem.add_argument("--device", help="cpu, cuda or mps instead of DEVICE (auto: this machine's)")
     mem.add_argument("--device-memory", type=float, metavar="GIB", help="memory available to the worker(s)")
     mem.add_argument(

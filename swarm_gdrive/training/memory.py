@@ -45,12 +45,12 @@ reasoning-gym, the storage clients: measured); on a GPU the CUDA context (about 
 allocations); on Apple silicon both, as they share the unified memory (not measured).
 
 **Allocator**: what the allocator holds beyond the live tensors. On a GPU, 10 % of the peak for the caching
-allocator's fragmentation (an estimate). On the CPU, glibc's malloc keeps freed heap memory that a training
-step fragments: ``bench/memory_check.py`` measured 0-1.2 GiB above the live tensors for a full fine-tune (more
-where the step's tensors are small) and 2.2-2.9 GiB with LoRA (from 135M to 1.5B parameters), so the estimate
-adds ``min(0.6 x transient, 1 GiB)`` and 2.5 GiB respectively: constants fitted to those runs, not derived.
+allocator's fragmentation (an estimate). On the CPU, glibc's malloc keeps much of what a training step frees
+(activations, and the gradients ``zero_grad`` drops): ``bench/memory_check.py`` measured 0.2-2.5 GiB above the
+live tensors for a full fine-tune and 1.2-2.9 GiB with LoRA (135M to 1.5B parameters), so the estimate adds
+``0.4 x (activations + gradients)`` and 2.5 GiB respectively: constants fitted to those runs, not derived.
 With ``MALLOC_MMAP_THRESHOLD_=65536`` in a worker's environment the retention is gone (the live-tensor estimate
-was then within 5 % of every measured peak), for about 50 % more time per round.
+was then within 3 % of the 6 peaks measured so), for 45-75 % more time per round.
 """
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ DEVICE_TYPES = ("cpu", "cuda", "mps")
 #: trainer with a tokenizer loaded (bench/memory_check.py's baseline), 0.46 GiB with reasoning-gym's tasks, the Drive
 #: client and peft too (torch 2.13.0+cpu, transformers 5.24.0, Linux). Other platforms differ by a few hundred MiB.
 CPU_PROCESS_BYTES = int(0.5 * GIB)
-#: glibc's heap retention on the CPU (see the module docstring): a share of the transient, at most CPU_HEAP_MAX; LoRA's.
-CPU_HEAP_SHARE = 0.6
-CPU_HEAP_MAX = 1 * GIB
+#: glibc's heap retention on the CPU (see the module docstring): a share of a full fine-tune's activations and
+#: gradients; LoRA's, whatever the model.
+CPU_HEAP_SHARE = 0.4
 CPU_HEAP_LORA = int(2.5 * GIB)
 #: The CUDA context and cuBLAS/cuDNN workspaces, outside torch's allocator: about 0.3-0.5 GiB on recent GPUs.
 CUDA_CONTEXT_BYTES = int(0.5 * GIB)
@@ -448,6 +448,7 @@ class Estimate:
     allocator: int  # beyond the live tensors: glibc's heap on the CPU, the caching allocator's slack on a GPU
     logits: int  # of activations: the completion tokens' logits and log-softmax rows
     autocast_copies: int  # of activations and generation: 16-bit copies of float32 weights
+    accumulates: bool  # more than one micro-batch per update: a forward pass meets all the gradients
 
     @property
     def resident(self) -> int:
@@ -455,13 +456,22 @@ class Estimate:
         return self.weights + self.reference + self.gradients + self.optimizer
 
     @property
+    def training(self) -> int:
+        """What training adds to :attr:`resident` at its peak. The update frees the gradients first
+        (``zero_grad(set_to_none=True)``) and the backward pass rebuilds them layer by layer as it frees the
+        activations, so with one micro-batch per update they overlap: ``max(activations, gradients)``; with
+        gradient accumulation the second micro-batch's forward pass meets all of them: ``activations + gradients``.
+        """
+        return self.activations if self.accumulates else max(self.activations - self.gradients, 0)
+
+    @property
     def transient(self) -> int:
-        return max(self.activations, self.generation, self.optimizer_step)
+        return max(self.training, self.generation, self.optimizer_step)
 
     @property
     def dominant(self) -> str:
         """Which transient sets the peak: training, generation or optimizer step."""
-        parts = {"training": self.activations, "generation": self.generation, "optimizer step": self.optimizer_step}
+        parts = {"training": self.training, "generation": self.generation, "optimizer step": self.optimizer_step}
         return max(parts, key=parts.__getitem__)
 
     @property
@@ -575,10 +585,12 @@ def estimate(arch: Architecture, s: Settings) -> Estimate:
     activations = acts + autocast_copies + embed_grad
     generation = generation_bytes(arch, s) + gen_copies
     resident = weights + reference + gradients + optimizer
-    transient = max(activations, generation, optimizer_step)
+    accumulates = s.train_sequences > s.micro_batch
+    training = activations if accumulates else max(activations - gradients, 0)  # see Estimate.training
+    transient = max(training, generation, optimizer_step)
     if s.device_type == "cpu":
         overhead = CPU_PROCESS_BYTES
-        allocator = CPU_HEAP_LORA if s.lora else int(min(CPU_HEAP_SHARE * transient, CPU_HEAP_MAX))
+        allocator = CPU_HEAP_LORA if s.lora else int(CPU_HEAP_SHARE * (activations + gradients))
     else:
         overhead = CUDA_CONTEXT_BYTES if s.device_type == "cuda" else CPU_PROCESS_BYTES + MPS_CONTEXT_BYTES
         allocator = int(CUDA_ALLOCATOR_SLACK * (resident + transient))
@@ -598,6 +610,7 @@ def estimate(arch: Architecture, s: Settings) -> Estimate:
         allocator=allocator,
         logits=logits,
         autocast_copies=autocast_copies,
+        accumulates=accumulates,
     )
 
 
