@@ -11,6 +11,7 @@ bfloat16 is emulated); float16 with a GradScaler where asked for.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
@@ -248,6 +249,13 @@ def optimizer_steps(optimizer: torch.optim.Optimizer) -> int:
     return 0
 
 
+def cache_kwarg(model: Any) -> str:
+    """The name under which the model takes a KV cache: ``cache`` from transformers 5.2x (which warns at the old
+    name), ``past_key_values`` before (Colab's 4.57)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model's own forward is **kw
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 class PolicyTrainer:
     """A causal LM, its tokenizer and optimizer, on one explicit device."""
 
@@ -278,6 +286,7 @@ class PolicyTrainer:
         # a step whose gradients overflowed is skipped and the scale halved. Disabled, it changes nothing.
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
         self.eos_ids = self._eos_ids()
+        self._cache_kwarg = cache_kwarg(model)
 
     def _eos_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}
@@ -329,13 +338,7 @@ class PolicyTrainer:
                     if greedy
                     else {"do_sample": True, "temperature": self.settings.temperature, "top_p": self.settings.top_p}
                 )
-                out = self.model.generate(
-                    **batch,
-                    **sampling,
-                    max_new_tokens=max_new_tokens or self.settings.max_new_tokens,
-                    num_return_sequences=num_generations,
-                    pad_token_id=self.tokenizer.pad_token_id,
-                )
+                out = self._generate_call(batch, num_generations, sampling, max_new_tokens)
             completions = out[:, batch["input_ids"].shape[1] :].tolist()
             for p in range(len(chunk)):
                 group = [self._trim(c) for c in completions[p * num_generations : (p + 1) * num_generations]]
@@ -346,6 +349,45 @@ class PolicyTrainer:
             work.advance(len(chunk) * num_generations)
         work.close()
         return Generation(texts, ids, new_tokens, time.monotonic() - started)
+
+    def _generate_call(
+        self, batch: Any, num_generations: int, sampling: dict[str, Any], max_new_tokens: int | None
+    ) -> Tensor:
+        """One ``generate`` call for a chunk of prompts, each prompt prefilled once for its G completions.
+
+        ``num_return_sequences=G`` would run every prompt's prefill G times (a 120-token prompt costs as much as 120
+        decoding steps of the whole batch). Instead, the prompts but their last token go through the model once, the
+        KV cache is repeated G times along the batch (prompt 0's G rows first, as ``num_return_sequences`` orders
+        them), and ``generate`` continues from it: the same sampling calls on the same logits, so the same tokens for
+        a seed, up to floating-point noise."""
+        kwargs = {
+            **sampling,
+            "max_new_tokens": max_new_tokens or self.settings.max_new_tokens,
+            "pad_token_id": self.tokenizer.pad_token_id,
+        }
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        if num_generations == 1 or ids.shape[1] < 2:
+            return self.model.generate(**batch, **kwargs, num_return_sequences=num_generations)
+        cache = self._prefill(ids[:, :-1], mask[:, :-1])
+        cache.batch_repeat_interleave(num_generations)
+        return self.model.generate(
+            input_ids=ids.repeat_interleave(num_generations, dim=0),
+            attention_mask=mask.repeat_interleave(num_generations, dim=0),
+            **{self._cache_kwarg: cache},
+            **kwargs,
+        )
+
+    def _prefill(self, ids: Tensor, mask: Tensor) -> Any:
+        """The KV cache of ``ids`` (left-padded), with the positions ``generate`` gives them (pads count from 1)."""
+        from transformers import DynamicCache
+
+        positions = (mask.long().cumsum(-1) - 1).masked_fill_(mask == 0, 1)
+        cache = DynamicCache(config=self.model.config)
+        self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+            **{self._cache_kwarg: cache},
+        )  # fmt: skip
+        return cache
 
     def _trim(self, tokens: list[int]) -> list[int]:
         """Cut at the first eos (kept); what follows is padding."""

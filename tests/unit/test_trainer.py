@@ -357,9 +357,10 @@ def test_generate_batches_prompts_and_returns_i_by_g(
 
     gen = trainer.generate(prompts, num_generations=3, seed=1)
 
-    # 5 prompts x 3 completions, at most 6 sequences (2 prompts) per call: 3 calls of 2, 2 and 1 prompts.
-    assert [c["batch"] for c in calls] == [2, 2, 1]
-    assert all(c["num_return_sequences"] == 3 and c["do_sample"] for c in calls)
+    # 5 prompts x 3 completions, at most 6 sequences (2 prompts) per call: 3 calls of 2, 2 and 1 prompts, each prompt
+    # repeated once per completion (its prefill shared through the cache).
+    assert [c["batch"] for c in calls] == [6, 6, 3]
+    assert all(c["do_sample"] for c in calls)
     assert all(c["max_new_tokens"] == 8 for c in calls)
     assert len(gen.token_ids) == len(gen.texts) == 5
     assert all(len(ids) == 3 for ids in gen.token_ids)
@@ -417,6 +418,55 @@ def test_generate_is_reproducible_for_a_seed(eos_model: Any, tokenizer: Any) -> 
     assert first.texts == second.texts
     assert first.new_tokens == second.new_tokens
     assert other.token_ids != first.token_ids
+
+
+def reference_generate(trainer: PolicyTrainer, prompts: list[list[int]], g: int, seed: int, **sampling: Any) -> Any:
+    """What ``generate`` did before prompts shared their prefill: one transformers ``generate`` call per chunk with
+    ``num_return_sequences=G`` (every copy prefilled again), the same seeding and trimming."""
+    torch.manual_seed(seed)
+    per_call = max(1, trainer.settings.gen_batch_size // g)
+    rows = []
+    for start in range(0, len(prompts), per_call):
+        batch = trainer.tokenizer.pad(
+            {"input_ids": prompts[start : start + per_call]}, padding=True, return_tensors="pt"
+        )
+        with torch.no_grad():
+            out = trainer.model.generate(
+                **batch, **sampling, max_new_tokens=trainer.settings.max_new_tokens, num_return_sequences=g,
+                pad_token_id=trainer.tokenizer.pad_token_id,
+            )  # fmt: skip
+        rows += [trainer._trim(r) for r in out[:, batch["input_ids"].shape[1] :].tolist()]
+    return [rows[p * g : (p + 1) * g] for p in range(len(prompts))]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
+def test_shared_prefill_generates_what_num_return_sequences_generated(
+    eos_model: Any, tokenizer: Any, lora: bool, temperature: float, top_p: float
+) -> None:
+    """A prompt's prefill is computed once for its G completions; for a seed the completions are the tokens that
+    G prefills gave (ragged prompts, several calls, completions that stop early and run to the cap)."""
+    from swarm_gdrive.training.adapters import LoraSettings, apply_lora
+
+    model = apply_lora(eos_model, LoraSettings(r=4)) if lora else eos_model
+    trainer = trainer_for(model, tokenizer, gen_batch_size=8, max_new_tokens=12, temperature=temperature, top_p=top_p)
+    prompts = [trainer.prompt_ids([{"role": "user", "content": "7 +" * (i + 1)}]) for i in range(5)]
+    assert len({len(p) for p in prompts}) == 5
+
+    gen = trainer.generate(prompts, num_generations=4, seed=5)
+
+    expected = reference_generate(trainer, prompts, 4, 5, do_sample=True, temperature=temperature, top_p=top_p)
+    assert gen.token_ids == expected
+    flat = [c for group in expected for c in group]
+    assert any(len(c) < 12 for c in flat) and any(len(c) == 12 for c in flat)
+    assert len({tuple(c) for c in flat}) > len(prompts)  # sampled: a prompt's completions differ
+
+
+def test_greedy_single_completions_are_unchanged(eos_model: Any, tokenizer: Any) -> None:
+    trainer = trainer_for(eos_model, tokenizer, gen_batch_size=2, max_new_tokens=10)
+    prompts = [trainer.prompt_ids([{"role": "user", "content": "9 -" * (i + 1)}]) for i in range(3)]
+    greedy = trainer.generate(prompts, 1, seed=0, greedy=True).token_ids
+    assert greedy == reference_generate(trainer, prompts, 1, 0, do_sample=False)
 
 
 # --- the update ---------------------------------------------------------------------------------------------------
