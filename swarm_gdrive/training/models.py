@@ -99,6 +99,137 @@ def packaged_smollm2(cache_dir: Path) -> Path:
 
 
 def _convert_gguf(folder: Path, filename: str, out: Path) -> None:
+    """Write the GGUF's model (fp32), config, generation config and tokenizer to ``out`` as a save_pretrained folder.
+
+    With transformers 5.x (its struct-level GGUF reader, ``transformers.integrations.gguf``) the file's metadata
+    is read once and nothing else is redone (~3 s); otherwise (4.x: Colab ships 4.57) the
+    ``from_pretrained(gguf_file=...)`` calls do it, each re-parsing the whole file (~30 s). Both save the same
+    folder: tests/integration/test_gguf_conversion.py checks it against transformers' own GGUF loading.
+    """
+    try:
+        _convert_gguf_parsed_once(folder, filename, out)
+    except _NoFastPath as reason:
+        logger.info("converting through from_pretrained(gguf_file=...): %s", reason)
+        _convert_gguf_via_from_pretrained(folder, filename, out)
+
+
+class _NoFastPath(Exception):
+    """The fast conversion does not cover this transformers or this file; raised before anything is written."""
+
+
+def _convert_gguf_parsed_once(folder: Path, filename: str, out: Path) -> None:
+    """One metadata parse; the model built without random init (parameters on the meta device), then assigned.
+
+    Public APIs: ``TokenizersBackend.from_pretrained(gguf_file=...)`` (the class AutoTokenizer picks for this
+    file, without AutoTokenizer's extra config parse), ``from_config``, ``load_state_dict(assign=True)``,
+    ``save_pretrained``. Semi-private: the 5.x reader ``transformers.integrations.gguf.read_gguf_metadata`` /
+    ``GgufHeader`` / ``load_gguf_state_dict``, and the tables ``GGUF_TO_TRANSFORMERS_MAPPING`` /
+    ``TENSOR_PROCESSORS`` that transformers' llama GGUF loader (``load_gguf_checkpoint``) applies, replayed
+    here without its ``gguf.GGUFReader`` parse (~4 s each time) and its per-module name map (~8 s). The
+    dequantization is that loader's, ``gguf.dequantize``, so every tensor comes out bitwise the same.
+    """
+    try:
+        from transformers import TokenizersBackend
+        from transformers.integrations.gguf import GgufHeader, read_gguf_metadata
+    except ImportError as missing:
+        raise _NoFastPath(f"transformers without its GGUF reader ({missing})") from None
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    path = str(folder / filename)
+    metadata, tensor_names = read_gguf_metadata(path)
+    config_dict = _gguf_config_dict(metadata, tensor_names)
+    header = GgufHeader.from_file(path)
+    with progress.task("prepare the model (dequantize the packaged GGUF, once)", 4, "step") as work:
+        tokenizer = TokenizersBackend.from_pretrained(folder, gguf_file=filename)
+        work.advance()
+        config = CONFIG_MAPPING[config_dict["model_type"]].from_dict(config_dict)
+        with init_empty_weights(include_buffers=False):  # buffers (rotary frequencies) are not in the file
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        work.advance()
+        state = _dequantized_state_dict(header, config_dict, model)
+        unexpected = model.load_state_dict(state, strict=False, assign=True).unexpected_keys
+        model.tie_weights()  # lm_head is the embedding: the file has no output.weight
+        not_loaded = [name for name, tensor in model.state_dict().items() if tensor.is_meta]
+        if unexpected or not_loaded:
+            raise RuntimeError(f"GGUF conversion: no tensor for {not_loaded}, no parameter for {unexpected}")
+        work.advance()
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        work.advance()
+
+
+def _gguf_config_dict(metadata: dict[str, Any], tensor_names: tuple[str, ...]) -> dict[str, Any]:
+    """The config dict that ``load_gguf_checkpoint``, so ``AutoConfig.from_pretrained(gguf_file=...)``, makes."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_TO_TRANSFORMERS_MAPPING
+
+    architecture = metadata["general.architecture"]
+    if architecture != "llama" or "mistral" in str(metadata.get("general.name", "")).lower():
+        raise _NoFastPath(f"a GGUF of architecture {architecture!r}, not the packaged llama")
+    renames = GGUF_TO_TRANSFORMERS_MAPPING["config"]
+    # llama.cpp writes the output projection only when it is not the embedding matrix
+    config: dict[str, Any] = {"tie_word_embeddings": "output.weight" not in tensor_names}
+    for key, value in metadata.items():
+        prefix, _, config_key = key.partition(".")
+        renamed = renames.get(prefix, {}).get(config_key)
+        if renamed is not None and renamed != -1:
+            config[renamed] = value
+    if "vocab_size" not in config:
+        config["vocab_size"] = metadata["tokenizer.ggml.tokens"]  # the reader leaves a string array as its length
+    return config
+
+
+def _dequantized_state_dict(header: Any, config_dict: dict[str, Any], model: Any) -> dict[str, Any]:
+    """``{parameter name: fp32 tensor}`` as ``load_gguf_checkpoint(..., return_tensors=True)`` computes them."""
+    import gguf
+    import numpy as np
+    import torch
+    from transformers.integrations.gguf import load_gguf_state_dict
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=config_dict)
+    arch = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == header.architecture)
+    name_map = gguf.get_tensor_name_map(arch, config_dict["num_hidden_layers"])
+    gguf_to_hf = {}  # what get_gguf_hf_weights_map finds, without building a name map for every submodule
+    for hf_name in model.state_dict():
+        stem, _, suffix = processor.preprocess_name(hf_name).rpartition(".")
+        gguf_name = name_map.get_name(stem) if suffix in ("weight", "bias") else None
+        if gguf_name is not None:
+            gguf_to_hf[f"{gguf_name}.{suffix}"] = hf_name
+    f32, quantized = gguf.GGMLQuantizationType.F32, gguf.GGML_QUANT_SIZES
+    half = (gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
+    for info in header.tensors:
+        if info.name not in gguf_to_hf:
+            raise RuntimeError(f"GGUF conversion: no parameter for the file's {info.name}")
+        if info.ggml_type != f32 and (info.ggml_type not in quantized or info.ggml_type in half):
+            raise RuntimeError(f"GGUF conversion: {info.name} is of ggml type {info.ggml_type}")
+
+    lazy = load_gguf_state_dict(header)
+    state = {}
+    for info in header.tensors:
+        quant = gguf.GGMLQuantizationType(info.ggml_type)
+        raw = np.asarray(lazy[info.name].data)  # the tensor's bytes, a view of the mapped file
+        if quant == f32:
+            data = raw.view(np.float32).reshape(info.shape)
+        else:  # rows of blocks, as gguf.GGUFReader hands them to gguf.dequantize
+            block_elements, block_bytes = quantized[quant]
+            data = raw.reshape(*info.shape[:-1], info.shape[-1] // block_elements * block_bytes)
+        result = processor.process(
+            weights=gguf.dequantize(data, quant),
+            name=info.name,
+            tensor_key_mapping=gguf_to_hf,
+            parsed_parameters={"config": config_dict, "tensors": state},
+        )
+        weights = result.weights
+        if not (weights.flags.c_contiguous and weights.flags.writeable):  # a view of the file, or permuted
+            weights = np.copy(weights)
+        state[gguf_to_hf[result.name]] = torch.from_numpy(weights)
+    return state
+
+
+def _convert_gguf_via_from_pretrained(folder: Path, filename: str, out: Path) -> None:
+    """The path for transformers without the native GGUF reader (4.x): every call re-parses the file."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
