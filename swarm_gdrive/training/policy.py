@@ -364,12 +364,12 @@ class PolicyTrainer:
             **sampling,
             "max_new_tokens": max_new_tokens or self.settings.max_new_tokens,
             "pad_token_id": self.tokenizer.pad_token_id,
+            "disable_compile": True,  # a compile costs more than a round's generation saves (and needs a compiler)
         }
         ids, mask = batch["input_ids"], batch["attention_mask"]
         if num_generations == 1 or ids.shape[1] < 2:
             return self.model.generate(**batch, **kwargs, num_return_sequences=num_generations)
-        cache = self._prefill(ids[:, :-1], mask[:, :-1])
-        cache.batch_repeat_interleave(num_generations)
+        cache = self._prefill(ids[:, :-1], mask[:, :-1], num_generations, ids.shape[1] + kwargs["max_new_tokens"])
         return self.model.generate(
             input_ids=ids.repeat_interleave(num_generations, dim=0),
             attention_mask=mask.repeat_interleave(num_generations, dim=0),
@@ -377,9 +377,15 @@ class PolicyTrainer:
             **kwargs,
         )
 
-    def _prefill(self, ids: Tensor, mask: Tensor) -> Any:
-        """The KV cache of ``ids`` (left-padded), with the positions ``generate`` gives them (pads count from 1)."""
-        from transformers import DynamicCache
+    def _prefill(self, ids: Tensor, mask: Tensor, copies: int, length: int) -> Any:
+        """The KV cache of ``ids`` (left-padded, with the positions ``generate`` gives them: pads count from 1),
+        each row repeated ``copies`` times.
+
+        On the CPU the cache is a static one of ``length`` positions: a growing cache concatenates every layer's
+        keys and values at every step (for 32 sequences of 150 tokens, 220 MB copied a step beside 540 MB of
+        weights read), a static one writes one position in place. Elsewhere it stays the growing one (a GPU's
+        copies are cheap, and transformers compiles a static cache's model on a GPU unless told not to)."""
+        from transformers import DynamicCache, StaticCache
 
         positions = (mask.long().cumsum(-1) - 1).masked_fill_(mask == 0, 1)
         cache = DynamicCache(config=self.model.config)
@@ -387,7 +393,13 @@ class PolicyTrainer:
             input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
             **{self._cache_kwarg: cache},
         )  # fmt: skip
-        return cache
+        cache.batch_repeat_interleave(copies)
+        if self.device.type != "cpu":
+            return cache
+        static = StaticCache(config=self.model.config, max_cache_len=length)
+        for index, layer in enumerate(cache.layers):
+            static.update(layer.keys, layer.values, index)
+        return static
 
     def _trim(self, tokens: list[int]) -> list[int]:
         """Cut at the first eos (kept); what follows is padding."""
