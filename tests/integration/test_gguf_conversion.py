@@ -1,4 +1,5 @@
-"""The packaged SmolLM2's conversion saves what transformers' own GGUF loading gives, bit for bit and token for token.
+"""The packaged SmolLM2's conversion saves what transformers' own GGUF loading gives, bit for bit and token for token;
+concurrent callers convert it once.
 
 ``packaged_smollm2`` converts the GGUF without ``from_pretrained(gguf_file=...)`` (which re-parses the file
 for the tokenizer, the config and the weights, ~30 s); the reference here is exactly that slow path.
@@ -13,8 +14,6 @@ import pytest
 import torch
 
 from swarm_gdrive.training import models
-
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the reference load alone is ~30 s idle
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is 7 + 5?"}],
@@ -60,6 +59,8 @@ def _no_fallback(*args, **kwargs):
     raise AssertionError("the conversion fell back to from_pretrained(gguf_file=...)")
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_weights_config_and_generation_config_match_transformers_gguf_loading(gguf_folder, converted):
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -86,6 +87,8 @@ def test_weights_config_and_generation_config_match_transformers_gguf_loading(gg
     assert model.generation_config.to_dict() == reference.generation_config.to_dict()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_tokenizer_matches_transformers_gguf_loading(gguf_folder, converted, tmp_path):
     from transformers import AutoTokenizer
 
@@ -116,3 +119,36 @@ def test_tokenizer_matches_transformers_gguf_loading(gguf_folder, converted, tmp
         assert tokenizer(text)["input_ids"] == reference(text)["input_ids"], text
     batch = reference(TEXTS[1:], padding=True)
     assert tokenizer(TEXTS[1:], padding=True) == batch
+
+
+def test_concurrent_callers_convert_once_and_all_get_the_folder(tmp_path, monkeypatch):
+    """A demo's workers may start while the model is being prepared: they wait for it, not convert it again."""
+    import threading
+    import time
+
+    calls = []
+
+    def fake_convert(folder: Path, filename: str, out: Path) -> None:
+        calls.append(out)
+        time.sleep(0.3)  # long enough for every other caller to reach the lock
+        (out / "model.safetensors").write_bytes(b"converted")
+
+    monkeypatch.setattr(models, "_convert_gguf", fake_convert)
+    results, errors = [], []
+
+    def call() -> None:
+        try:
+            results.append(models.packaged_smollm2(tmp_path))
+        except BaseException as error:  # noqa: BLE001 -- reported by the assertion below
+            errors.append(error)
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not errors and len(results) == 4
+    assert len(calls) == 1
+    assert set(results) == {tmp_path / "SmolLM2-135M-Instruct"}
+    assert (tmp_path / "SmolLM2-135M-Instruct" / "model.safetensors").read_bytes() == b"converted"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".smollm2-")] == []  # no staging left
