@@ -131,15 +131,72 @@ def per_token_logps(
         input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=logits_to_keep + 1
     )
     logits = outputs.logits[:, -(logits_to_keep + 1) : -1, :]
-    targets = input_ids[:, -logits_to_keep:]
+    logps = _target_logps(logits, input_ids[:, -logits_to_keep:], temperature)
+    return logps.masked_fill(attention_mask[:, -logits_to_keep:] == 0, 0.0)
+
+
+def _target_logps(logits: Tensor, targets: Tensor, temperature: float) -> Tensor:
+    """``log_softmax(logits / temperature)`` at ``targets``, in float32: ``[N, T, V]``, ``[N, T]`` to ``[N, T]``."""
     inv_temperature = 1.0 / temperature
     rows = []
     for row_logits, row_targets in zip(logits, targets, strict=True):  # one row at a time bounds float32 memory
         row_logits = row_logits.float() * inv_temperature
         selected = row_logits.gather(-1, row_targets.unsqueeze(-1)).squeeze(-1)
         rows.append(selected - torch.logsumexp(row_logits, dim=-1))
-    logps = torch.stack(rows)
-    return logps.masked_fill(attention_mask[:, -logits_to_keep:] == 0, 0.0)
+    return torch.stack(rows)
+
+
+def shared_prompt_logps(
+    model: torch.nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    owner: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    temperature: float = 1.0,
+    cache_kwarg: str = "cache",
+) -> Tensor:
+    """:func:`per_token_logps` of sequences that share prompts, each distinct prompt run through the model once.
+
+    A GRPO group is G completions of one prompt; laid out as whole sequences, the prompt's tokens (often most of
+    each sequence) are computed G times, forward and backward. Here the ``U`` distinct prompts run once, their
+    KV cache is gathered to the ``N`` sequences (``owner[n]`` is sequence n's prompt), and the completions run on
+    it. The result is ``per_token_logps`` of the concatenated sequences, gradients included (the gather sums
+    the prompt's gradient over its completions), up to floating-point rounding.
+
+    Args:
+        prompt_ids, prompt_mask: ``[U, P]`` left-padded prompts.
+        owner: ``[N]`` long, the prompt row of each sequence.
+        completion_ids, completion_mask: ``[N, T]`` right-padded completions, ``T >= 1``.
+        cache_kwarg: the model's name for its KV cache argument (``cache``, or ``past_key_values`` before
+            transformers 5.2x).
+
+    Returns:
+        ``[N, T]`` float32 log-probabilities, 0 where ``completion_mask`` is 0.
+    """
+    from transformers import DynamicCache
+
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0 (it divides the logits)")
+    positions = (prompt_mask.long().cumsum(-1) - 1).masked_fill(prompt_mask == 0, 1)
+    cache = DynamicCache(config=model.config)
+    last = model(
+        input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+        **{cache_kwarg: cache},
+    ).logits  # fmt: skip
+    logits = last.index_select(0, owner)  # [N, 1, V]: the prompt's last position predicts the first completion token
+    if completion_ids.size(1) > 1:
+        cache.batch_select_indices(owner)
+        head = completion_ids[:, :-1]
+        mask = torch.cat([prompt_mask.index_select(0, owner), completion_mask[:, :-1]], dim=1)
+        start = prompt_mask.sum(-1).index_select(0, owner).unsqueeze(1)
+        rest = model(
+            input_ids=head, attention_mask=mask, position_ids=start + torch.arange(head.size(1), device=head.device),
+            use_cache=True, **{cache_kwarg: cache},
+        ).logits  # fmt: skip
+        logits = torch.cat([logits, rest], dim=1)
+    logps = _target_logps(logits, completion_ids, temperature)
+    return logps.masked_fill(completion_mask == 0, 0.0)
 
 
 def _require(ok: bool, name: str, value: object, allowed: str) -> None:

@@ -431,12 +431,14 @@ class PolicyTrainer:
         if not active:
             metrics.update({"train/skipped_no_signal": 1.0, "train/step_s": time.monotonic() - started})
             return metrics
-        active.sort(key=lambda s: len(s[0]) + len(s[1]))
+        shared = self._share_prompts()
+        # Shared prompts: a group's sequences side by side, so that a micro-batch runs each prompt once.
+        active.sort(key=(lambda s: (len(s[0]), s[0], len(s[1]))) if shared else (lambda s: len(s[0]) + len(s[1])))
         micro = [
             active[i : i + self.settings.micro_batch_size]
             for i in range(0, len(active), self.settings.micro_batch_size)
         ]
-        batches = [self._collate(m) for m in micro]
+        batches = [self._collate(m, shared) for m in micro]
         old = self._old_logps(batches) if self.settings.num_iterations > 1 else [None] * len(batches)
         ref = self._ref_logps(batches) if beta > 0 else [None] * len(batches)
         self.model.train()
@@ -449,13 +451,7 @@ class PolicyTrainer:
             loss_total = 0.0
             for batch, old_lp, ref_lp in zip(batches, old, ref, strict=True):
                 with self._autocast():
-                    logps = grpo.per_token_logps(
-                        self.model,
-                        batch["input_ids"],
-                        batch["attention_mask"],
-                        batch["logits_to_keep"],
-                        self.settings.temperature,
-                    )
+                    logps = self._batch_logps(self.model, batch)
                 out = grpo.grpo_loss(
                     logps,
                     batch["advantages"],
@@ -509,20 +505,25 @@ class PolicyTrainer:
             group["lr"] = lr
         return lr
 
-    def _collate(self, seqs: list[tuple[list[int], list[int], float]]) -> dict[str, Any]:
-        """Left-padded prompts followed by right-padded completions, as TRL lays them out."""
+    def _share_prompts(self) -> bool:
+        """Whether the update runs each distinct prompt once (:func:`grpo.shared_prompt_logps`): not under gradient
+        checkpointing (transformers then turns the KV cache off in training), nor with a dropout that would give a
+        group's completions one mask on their shared prompt instead of one each."""
+        if getattr(self.model, "is_gradient_checkpointing", False):
+            return False
+        config = self.model.config
+        rates = [getattr(config, name, 0.0) or 0.0 for name in ("attention_dropout", "hidden_dropout", "dropout")]
+        rates += [m.p for m in self.model.modules() if isinstance(m, torch.nn.Dropout)]
+        return not any(float(r) > 0 for r in rates)
+
+    def _collate(self, seqs: list[tuple[list[int], list[int], float]], shared: bool = False) -> dict[str, Any]:
+        """Left-padded prompts followed by right-padded completions, as TRL lays them out; with ``shared`` the
+        distinct prompts apart (each once) and each sequence's prompt row (``owner``)."""
         pad = self.tokenizer.pad_token_id
-        p_len = max(len(p) for p, _, _ in seqs)
-        c_len = max(len(c) for _, c, _ in seqs)
-        input_ids, attention, completion_mask = [], [], []
-        for p, c, _ in seqs:
-            input_ids.append([pad] * (p_len - len(p)) + p + c + [pad] * (c_len - len(c)))
-            attention.append([0] * (p_len - len(p)) + [1] * (len(p) + len(c)) + [0] * (c_len - len(c)))
-            completion_mask.append([1] * len(c) + [0] * (c_len - len(c)))
         to = {"device": self.device}
-        return {
-            "input_ids": torch.tensor(input_ids, **to),
-            "attention_mask": torch.tensor(attention, **to),
+        c_len = max(len(c) for _, c, _ in seqs)
+        completion_mask = [[1] * len(c) + [0] * (c_len - len(c)) for _, c, _ in seqs]
+        common = {
             "completion_mask": torch.tensor(completion_mask, **to),
             "advantages": torch.tensor([a for _, _, a in seqs], dtype=torch.float32, **to),
             "logits_to_keep": c_len,
@@ -530,18 +531,40 @@ class PolicyTrainer:
             "tokens": sum(len(c) for _, c, _ in seqs),
             "prompt_tokens": sum(len(p) for p, _, _ in seqs),
         }
+        if shared:
+            rows = {tuple(p): None for p, _, _ in seqs}  # distinct prompts, in order
+            index = {p: i for i, p in enumerate(rows)}
+            prompts = self.tokenizer.pad({"input_ids": [list(p) for p in rows]}, padding=True, return_tensors="pt")
+            completions = [c + [pad] * (c_len - len(c)) for _, c, _ in seqs]
+            return common | {
+                "prompt_ids": prompts["input_ids"].to(self.device),
+                "prompt_mask": prompts["attention_mask"].to(self.device),
+                "owner": torch.tensor([index[tuple(p)] for p, _, _ in seqs], **to),
+                "completion_ids": torch.tensor(completions, **to),
+            }
+        p_len = max(len(p) for p, _, _ in seqs)
+        input_ids, attention = [], []
+        for p, c, _ in seqs:
+            input_ids.append([pad] * (p_len - len(p)) + p + c + [pad] * (c_len - len(c)))
+            attention.append([0] * (p_len - len(p)) + [1] * (len(p) + len(c)) + [0] * (c_len - len(c)))
+        return common | {"input_ids": torch.tensor(input_ids, **to), "attention_mask": torch.tensor(attention, **to)}
+
+    def _batch_logps(self, model: Any, batch: dict[str, Any]) -> Tensor:
+        """Per-token log-probs of a collated micro-batch's completions under ``model``."""
+        if "owner" in batch:
+            return grpo.shared_prompt_logps(
+                model, batch["prompt_ids"], batch["prompt_mask"], batch["owner"], batch["completion_ids"],
+                batch["completion_mask"], self.settings.temperature, self._cache_kwarg,
+            )  # fmt: skip
+        return grpo.per_token_logps(
+            model, batch["input_ids"], batch["attention_mask"], batch["logits_to_keep"], self.settings.temperature
+        )
 
     @torch.no_grad()
     def _old_logps(self, batches: list[dict[str, Any]]) -> list[Tensor]:
         """Log-probs of the policy that generated (before any step), for NUM_ITERATIONS > 1."""
         self.model.eval()
-        with self._autocast():
-            return [
-                grpo.per_token_logps(
-                    self.model, b["input_ids"], b["attention_mask"], b["logits_to_keep"], self.settings.temperature
-                )
-                for b in batches
-            ]
+        return self._logps_of(self.model, batches)
 
     @torch.no_grad()
     def _ref_logps(self, batches: list[dict[str, Any]]) -> list[Tensor]:
@@ -554,13 +577,4 @@ class PolicyTrainer:
 
     def _logps_of(self, model: Any, batches: list[dict[str, Any]]) -> list[Tensor]:
         with self._autocast():
-            return [
-                grpo.per_token_logps(
-                    model,
-                    b["input_ids"],
-                    b["attention_mask"],
-                    b["logits_to_keep"],
-                    self.settings.temperature,
-                )
-                for b in batches
-            ]
+            return [self._batch_logps(model, b) for b in batches]

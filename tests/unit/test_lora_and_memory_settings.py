@@ -239,7 +239,12 @@ def test_gradient_checkpointing_recomputes_and_gives_the_same_gradients(
         calls[0] = 0
         trainer.step(groups)
         ran.append(calls[0])
-    assert ran[1] == 2 * ran[0] > 0  # checkpointing is on: every layer ran again in the backward pass
+    # 4 sequences with signal in micro-batches of 2: each micro-batch runs every layer once forward, and with
+    # checkpointing once more in the backward pass. Without it, the prompt (shared by the group) and the completions
+    # run apart: twice forward, never again.
+    passes = 2 * model.config.num_hidden_layers
+    assert trainers[0]._share_prompts() and not trainers[1]._share_prompts()
+    assert ran == [2 * passes, 2 * passes]
     grads = [{n: p.grad for n, p in t.model.named_parameters() if p.requires_grad} for t in trainers]
     assert grads[0].keys() == grads[1].keys()
     for name, grad in grads[0].items():

@@ -716,3 +716,68 @@ def test_a_restored_optimizer_resumes_the_warmup(tmp_path: Path, model: Any, tok
     assert checkpoint.restore_training_state(tmp_path, resumed.optimizer) == 2
     assert optimizer_steps(resumed.optimizer) == 2
     assert [resumed.step(groups)["train/lr"] for _ in range(3)] == pytest.approx([7.5e-4, 1e-3, 1e-3])
+
+
+# --- shared prompts in the update ----------------------------------------------------------------------------------
+
+
+def test_shared_prompt_logps_equal_the_whole_sequences_logps_and_gradients(model: Any, tokenizer: Any) -> None:
+    """Each distinct prompt run once, its cache gathered to its completions: the same log-probs and gradients as
+    the prompt + completion sequences laid out whole (ragged prompts, ragged completions, a one-token one)."""
+    trainer = trainer_for(model, tokenizer, temperature=0.7)
+    groups = make_groups(trainer, [[1.0, 0.0, 0.5], [0.0, 1.0], [0.2, 0.9, 0.1, 0.4]], seed=4)
+    groups[1].completion_ids[0] = groups[1].completion_ids[0][:1]
+    seqs = [(g.prompt_ids, c, 1.0) for g in groups for c in g.completion_ids]
+    assert len({len(p) for p, _, _ in seqs}) > 1  # left padding is exercised
+    whole, shared = trainer._collate(seqs), trainer._collate(seqs, shared=True)
+    assert shared["prompt_ids"].shape[0] == 3 and shared["owner"].tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 2]
+
+    grads = []
+    for batch in (whole, shared):
+        model.zero_grad(set_to_none=True)
+        logps = trainer._batch_logps(model, batch)
+        (logps * torch.linspace(-1, 1, logps.numel()).view_as(logps)).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        if batch is whole:
+            expected = logps.detach()
+    torch.testing.assert_close(logps.detach(), expected, atol=1e-5, rtol=1e-5)
+    assert (expected != 0).sum() == shared["completion_mask"].sum()
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.05])
+def test_an_update_with_shared_prompts_takes_the_gradients_of_whole_sequences(
+    model: Any, tokenizer: Any, beta: float
+) -> None:
+    """Two iterations (so the old policy's log-probs count), the KL term when beta > 0, micro-batches that split a
+    group: the gradients and the loss's metrics equal those of the whole-sequence layout. (The learning rate is
+    tiny so that the second iteration starts from the same weights: Adam's first steps are about lr * sign(grad),
+    which turns rounding in a near-zero gradient into a full step.)"""
+    loss = grpo.LossConfig(beta=beta)
+    results = []
+    for shared in (False, True):
+        net = copy.deepcopy(model)
+        reference = copy.deepcopy(model) if beta > 0 else None
+        if reference is not None:  # a reference apart from the policy, so that the KL term is not 0
+            gen = torch.Generator().manual_seed(0)
+            with torch.no_grad():
+                for param in reference.parameters():
+                    param.add_(torch.randn(param.shape, generator=gen) * 0.01)
+        trainer = trainer_for(
+            net, tokenizer, reference, loss=loss, micro_batch_size=3, num_iterations=2, learning_rate=1e-9
+        )
+        trainer._share_prompts = lambda shared=shared: shared  # type: ignore[method-assign]
+        metrics = trainer.step(make_groups(trainer, VARIED_REWARDS, seed=2))
+        results.append(({n: p.grad.clone() for n, p in net.named_parameters()}, metrics))
+    (whole, whole_metrics), (shared_grads, shared_metrics) = results
+    for name, grad in whole.items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-6, rtol=1e-4, msg=name)
+    assert shared_metrics.keys() == whole_metrics.keys()
+    # The loss and the gradient's norm are sums over micro-batches; the other metrics are means of per-micro-batch
+    # means, which depend on how the sequences were cut into micro-batches (the layouts order them differently).
+    for key in ("train/loss", "train/grad_norm"):
+        assert shared_metrics[key] == pytest.approx(whole_metrics[key], rel=1e-4, abs=1e-6), key  # the loss is ~0
+    if beta > 0:
+        assert whole_metrics["train/kl"] > 0 and shared_metrics["train/kl"] > 0
