@@ -439,19 +439,26 @@ def reference_generate(trainer: PolicyTrainer, prompts: list[list[int]], g: int,
     return [rows[p * g : (p + 1) * g] for p in range(len(prompts))]
 
 
+SYSTEM = {"role": "system", "content": "Answer the question in a few words, then give the answer in tags."}
+
+
 @pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("system", [False, True])
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
 def test_shared_prefill_generates_what_num_return_sequences_generated(
-    eos_model: Any, tokenizer: Any, lora: bool, temperature: float, top_p: float
+    eos_model: Any, tokenizer: Any, lora: bool, system: bool, temperature: float, top_p: float
 ) -> None:
-    """A prompt's prefill is computed once for its G completions; for a seed the completions are the tokens that
-    G prefills gave (ragged prompts, several calls, completions that stop early and run to the cap)."""
+    """A prompt's prefill is computed once for its G completions, and a system turn that every prompt shares once
+    for all; for a seed the completions are the tokens that G whole prefills gave (ragged prompts, several calls,
+    completions that stop early and run to the cap)."""
     from swarm_gdrive.training.adapters import LoraSettings, apply_lora
 
     model = apply_lora(eos_model, LoraSettings(r=4)) if lora else eos_model
     trainer = trainer_for(model, tokenizer, gen_batch_size=8, max_new_tokens=12, temperature=temperature, top_p=top_p)
-    prompts = [trainer.prompt_ids([{"role": "user", "content": "7 +" * (i + 1)}]) for i in range(5)]
+    head = [SYSTEM] if system else []
+    prompts = [trainer.prompt_ids([*head, {"role": "user", "content": "7 +" * (i + 1)}]) for i in range(5)]
     assert len({len(p) for p in prompts}) == 5
+    assert (trainer._layout(prompts[:2])[2] > 8) == system  # the system turn is the shared prefix
 
     gen = trainer.generate(prompts, num_generations=4, seed=5)
 
@@ -462,9 +469,31 @@ def test_shared_prefill_generates_what_num_return_sequences_generated(
     assert len({tuple(c) for c in flat}) > len(prompts)  # sampled: a prompt's completions differ
 
 
-def test_greedy_single_completions_are_unchanged(eos_model: Any, tokenizer: Any) -> None:
+def test_the_shared_prefix_cache_holds_each_prompts_own_keys_and_values(model: Any, tokenizer: Any) -> None:
+    """The cache that generation continues from (the system turn computed once, padding between it and each prompt's
+    rest, every row repeated G times) holds, at each prompt's real tokens, the keys and values of that prompt run
+    alone through the model."""
+    trainer = trainer_for(model, tokenizer)
+    prompts = [trainer.prompt_ids([SYSTEM, {"role": "user", "content": "5 *" * (i + 2)}]) for i in range(3)]
+    ids, mask, shared = trainer._layout(prompts)
+    assert shared > 8 and (mask[:, shared] == 0).any()  # padding sits after the shared prefix
+    cache = trainer._prefill(ids, mask, shared, 2, ids.shape[1] + 4)
+    with torch.no_grad():
+        for row, prompt in enumerate(prompts):
+            alone = trainer.model(input_ids=torch.tensor([prompt]), use_cache=True)
+            alone_cache = getattr(alone, "cache", None) or alone.past_key_values
+            real = mask[row].nonzero().squeeze(1)
+            for layer, expected in zip(cache.layers, alone_cache.layers, strict=True):
+                for copy_ in (2 * row, 2 * row + 1):
+                    torch.testing.assert_close(layer.keys[copy_][:, real], expected.keys[0], atol=1e-5, rtol=1e-4)
+                    torch.testing.assert_close(layer.values[copy_][:, real], expected.values[0], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("system", [False, True])
+def test_greedy_single_completions_are_unchanged(eos_model: Any, tokenizer: Any, system: bool) -> None:
     trainer = trainer_for(eos_model, tokenizer, gen_batch_size=2, max_new_tokens=10)
-    prompts = [trainer.prompt_ids([{"role": "user", "content": "9 -" * (i + 1)}]) for i in range(3)]
+    head = [SYSTEM] if system else []
+    prompts = [trainer.prompt_ids([*head, {"role": "user", "content": "9 -" * (i + 1)}]) for i in range(3)]
     greedy = trainer.generate(prompts, 1, seed=0, greedy=True).token_ids
     assert greedy == reference_generate(trainer, prompts, 1, 0, do_sample=False)
 
