@@ -2,7 +2,7 @@
 
 Parts: coordination, generation, training, learning, study (SAPO, replicated swarms), defaults
 (training-setting sweep), precision (PRECISION against fp32), memory (the memory estimate against measured
-peaks, and a round's time); ``all`` runs coordination, generation and
+peaks, and a round's time), demo (the demo's profile, phase by phase); ``all`` runs coordination, generation and
 training with their defaults. Each part writes ``bench/results/<part>_<machine>.json`` and ``.md``.
 ``python -m bench <part> --help`` lists a part's options.
 """
@@ -22,6 +22,7 @@ PARTS = {
     "defaults": "bench.defaults",
     "precision": "bench.precision",
     "memory": "bench.memory_check",
+    "demo": "bench.demo",
 }
 ALL = ("coordination", "generation", "training")
 
