@@ -155,6 +155,7 @@ def shared_prompt_logps(
     completion_mask: Tensor,
     temperature: float = 1.0,
     cache_kwarg: str = "cache",
+    shared_prefix: int = 0,
 ) -> Tensor:
     """:func:`per_token_logps` of sequences that share prompts, each distinct prompt run through the model once.
 
@@ -170,6 +171,9 @@ def shared_prompt_logps(
         completion_ids, completion_mask: ``[N, T]`` right-padded completions, ``T >= 1``.
         cache_kwarg: the model's name for its KV cache argument (``cache``, or ``past_key_values`` before
             transformers 5.2x).
+        shared_prefix: the prompts' first ``shared_prefix`` columns are one prefix common to all (a chat template's
+            system turn), run once for all of them; their padding then sits after it, not before (positions count
+            real tokens only, so to the model it is left padding). Less than ``P``.
 
     Returns:
         ``[N, T]`` float32 log-probabilities, 0 where ``completion_mask`` is 0.
@@ -180,9 +184,19 @@ def shared_prompt_logps(
         raise ValueError(f"temperature={temperature} must be > 0 (it divides the logits)")
     positions = (prompt_mask.long().cumsum(-1) - 1).masked_fill(prompt_mask == 0, 1)
     cache = DynamicCache(config=model.config)
+    run = {"use_cache": True, "logits_to_keep": 1, cache_kwarg: cache}
+    if shared_prefix:
+        head = slice(0, shared_prefix)
+        model(
+            input_ids=prompt_ids[:1, head],
+            attention_mask=prompt_mask[:1, head],
+            position_ids=positions[:1, head],
+            **run,
+        )
+        cache.batch_repeat_interleave(prompt_ids.size(0))
+    tail = slice(shared_prefix, None)
     last = model(
-        input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True, logits_to_keep=1,
-        **{cache_kwarg: cache},
+        input_ids=prompt_ids[:, tail], attention_mask=prompt_mask, position_ids=positions[:, tail], **run
     ).logits  # fmt: skip
     logits = last.index_select(0, owner)  # [N, 1, V]: the prompt's last position predicts the first completion token
     if completion_ids.size(1) > 1:

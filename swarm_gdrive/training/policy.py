@@ -572,11 +572,12 @@ class PolicyTrainer:
         if shared:
             rows = {tuple(p): None for p, _, _ in seqs}  # distinct prompts, in order
             index = {p: i for i, p in enumerate(rows)}
-            prompts = self.tokenizer.pad({"input_ids": [list(p) for p in rows]}, padding=True, return_tensors="pt")
+            prompt_ids, prompt_mask, prefix = self._layout([list(p) for p in rows])
             completions = [c + [pad] * (c_len - len(c)) for _, c, _ in seqs]
             return common | {
-                "prompt_ids": prompts["input_ids"].to(self.device),
-                "prompt_mask": prompts["attention_mask"].to(self.device),
+                "prompt_ids": prompt_ids,
+                "prompt_mask": prompt_mask,
+                "shared_prefix": prefix,
                 "owner": torch.tensor([index[tuple(p)] for p, _, _ in seqs], **to),
                 "completion_ids": torch.tensor(completions, **to),
             }
@@ -592,7 +593,7 @@ class PolicyTrainer:
         if "owner" in batch:
             return grpo.shared_prompt_logps(
                 model, batch["prompt_ids"], batch["prompt_mask"], batch["owner"], batch["completion_ids"],
-                batch["completion_mask"], self.settings.temperature, self._cache_kwarg,
+                batch["completion_mask"], self.settings.temperature, self._cache_kwarg, batch["shared_prefix"],
             )  # fmt: skip
         return grpo.per_token_logps(
             model, batch["input_ids"], batch["attention_mask"], batch["logits_to_keep"], self.settings.temperature

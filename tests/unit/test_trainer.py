@@ -750,16 +750,24 @@ def test_a_restored_optimizer_resumes_the_warmup(tmp_path: Path, model: Any, tok
 # --- shared prompts in the update ----------------------------------------------------------------------------------
 
 
-def test_shared_prompt_logps_equal_the_whole_sequences_logps_and_gradients(model: Any, tokenizer: Any) -> None:
-    """Each distinct prompt run once, its cache gathered to its completions: the same log-probs and gradients as
-    the prompt + completion sequences laid out whole (ragged prompts, ragged completions, a one-token one)."""
+@pytest.mark.parametrize("system", [False, True])
+def test_shared_prompt_logps_equal_the_whole_sequences_logps_and_gradients(
+    model: Any, tokenizer: Any, system: bool
+) -> None:
+    """Each distinct prompt run once (and with a system turn, the prefix they share once for all), its cache
+    gathered to its completions: the same log-probs and gradients as the prompt + completion sequences laid out
+    whole (ragged prompts, ragged completions, a one-token one)."""
     trainer = trainer_for(model, tokenizer, temperature=0.7)
     groups = make_groups(trainer, [[1.0, 0.0, 0.5], [0.0, 1.0], [0.2, 0.9, 0.1, 0.4]], seed=4)
     groups[1].completion_ids[0] = groups[1].completion_ids[0][:1]
+    if system:
+        for i, group in enumerate(groups):
+            group.prompt_ids[:] = trainer.prompt_ids([SYSTEM, {"role": "user", "content": "what is" + " 1 +" * i}])
     seqs = [(g.prompt_ids, c, 1.0) for g in groups for c in g.completion_ids]
     assert len({len(p) for p, _, _ in seqs}) > 1  # left padding is exercised
     whole, shared = trainer._collate(seqs), trainer._collate(seqs, shared=True)
     assert shared["prompt_ids"].shape[0] == 3 and shared["owner"].tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 2]
+    assert (shared["shared_prefix"] > 8) == system
 
     grads = []
     for batch in (whole, shared):
