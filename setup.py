@@ -29,6 +29,9 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
+            # the suite runs on several workers (pyproject's addopts): most of its time is waiting (processes,
+            # lags, deadlines), not CPU, so a 2-core CI machine runs it in well under half the serial time
+            "pytest-xdist>=3.6",
             "import-linter>=2.17,<3",
             "hypothesis>=6.100",
             "ruff>=0.6",

@@ -1,14 +1,59 @@
-"""Fixtures shared by test folders: the tiny model and the thread setting its tests run with.
+"""Fixtures shared by test folders: the tiny model and the thread setting its tests run with; the order tests start in.
 
 Nothing here is autouse: a module asks for ``one_thread`` with ``pytestmark = pytest.mark.usefixtures(...)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
+
+#: pyproject's addopts run the suite on pytest-xdist workers, each handed the next test as it gets free
+#: (``--dist loadgroup --no-loadscope-reorder``: in collection order). These start first, longest first (from the
+#: durations table of a serial run), so that no long test starts when the rest are nearly done; the others keep
+#: their order. A prefix of a node id names a test or a whole file.
+LONG_FIRST = (
+    "tests/integration/test_readme.py::test_the_readme_first_command_on_a_fresh_machine",  # ~410 s
+    "tests/lagged/test_lagged_swarm.py",  # ~270 s, mostly waiting for the mount's lag
+    "tests/integration/test_notebooks.py",  # ~270 s in one group (the Colab-like venv, built first when missing)
+    "tests/integration/test_training_swarm.py",  # ~100 s
+    "tests/faults/test_fault_kills.py",
+    "tests/faults/test_fault_mixed.py",
+    "tests/unit/test_plots_and_dashboard.py",
+    "tests/faults/test_fault_trust.py",
+    "tests/integration/test_smollm2.py",
+    "tests/faults/test_fault_storage.py",
+    "tests/faults/test_fault_training.py",
+    "tests/integration/test_drive_swarm.py",
+    "tests/unit/test_listing_decisions.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
+
+    items.sort(key=rank)  # stable: collection order within a rank, the same on every worker
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Path]) -> Path:
+    """``build(folder)`` run once per test session and shared by every xdist worker: a file lock, in the session's
+    own base temporary folder (so each run builds anew, from the code under test). Only for what tests read."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the workers' base folders are siblings inside the session's
+    target = root / f"built-once-{name}"
+    with FileLock(f"{target}.lock"):
+        if not (target / "READY").exists():
+            shutil.rmtree(target, ignore_errors=True)
+            build(target / "model")
+            (target / "READY").touch()
+    return target / "model"
 
 
 @pytest.fixture(scope="module")
@@ -28,3 +73,11 @@ def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from swarm_gdrive.training.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def taught_tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model after teach_answer_format (~20 s of training), built once for every worker: tests only read it."""
+    from swarm_gdrive.training.tiny_model import build_tiny_model, teach_answer_format
+
+    return built_once(tmp_path_factory, "taught-tiny", lambda folder: teach_answer_format(build_tiny_model(folder)))

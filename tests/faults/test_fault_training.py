@@ -34,7 +34,6 @@ from safetensors.torch import load_file
 from swarm_gdrive.protocol.records import ExperimentRecord, Provenance, RolloutBatch, RolloutGroup, encode
 from swarm_gdrive.training.checkpoint import param_digest
 from swarm_gdrive.training.tasks import TaskBank, parse_task_mix, training_limit
-from swarm_gdrive.training.tiny_model import build_tiny_model, teach_answer_format
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -55,8 +54,8 @@ class Payload:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return teach_answer_format(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+def model_dir(taught_tiny_folder) -> Path:
+    return taught_tiny_folder  # tests/conftest.py: built once per session, for every worker
 
 
 def test_a_worker_killed_mid_checkpoint_resumes_from_its_last_whole_one_and_trusts_no_planted_file(tmp_path, model_dir):

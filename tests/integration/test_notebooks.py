@@ -38,7 +38,9 @@ from colab_runtime import (  # noqa: E402
 from colab_runtime import tiny_model as colab_tiny_model  # noqa: E402
 from drive_emulator import DriveEmulator  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# One xdist worker runs them one after another: they share the session's Colab-like venv, wheel and tiny model
+# (built once there instead of once per worker) and the module's study.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("notebooks")]
 
 #: A cold build of the Colab-like venv (no cache yet) takes minutes; the tests that need it get this much.
 COLD_BUILD = pytest.mark.timeout(900)

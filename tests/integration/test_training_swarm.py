@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 from swarm_gdrive.procs import NodeProcess, stop_all
 from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.protocol.records import EventRecord, MetricRecord, RewardRecord, decode, decode_lines
-from swarm_gdrive.training.tiny_model import build_tiny_model, teach_answer_format
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tracking_readers import tensorboard_scalars  # noqa: E402
@@ -25,8 +24,8 @@ N_LOCAL, N_GEN, N_EXT = 4, 4, 1
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return teach_answer_format(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+def model_dir(taught_tiny_folder) -> Path:
+    return taught_tiny_folder  # tests/conftest.py: built once per session, for every worker
 
 
 def training_env(folder: Path, model: Path, **extra: object) -> dict[str, str]:
