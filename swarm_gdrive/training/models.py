@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from filelock import FileLock
+
 from swarm_gdrive import progress
 
 if TYPE_CHECKING:
@@ -107,23 +109,20 @@ def packaged_smollm2(cache_dir: Path) -> Path:
 
 @contextmanager
 def _exclusive(lock_file: Path) -> Iterator[None]:
-    """An advisory lock across processes (flock: released when its holder exits, however it exits)."""
+    """An advisory lock across processes (``filelock``: flock on POSIX, LockFileEx on Windows; released when its
+    holder exits, however it exits). On a file system without locks (some network mounts) the atomic rename alone
+    keeps the folder whole."""
+    lock = FileLock(lock_file)
     try:
-        import fcntl
-    except ImportError:  # Windows: the atomic rename alone keeps the folder whole
+        lock.acquire()
+    except OSError as error:
+        logger.debug("no lock on %s (%s)", lock_file, error)
         yield
         return
-    with open(lock_file, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        except OSError as error:  # a file system without locks (some network mounts): as without fcntl
-            logger.debug("no lock on %s (%s)", lock_file, error)
-            yield
-            return
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _convert_gguf(folder: Path, filename: str, out: Path) -> None:
