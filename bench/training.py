@@ -39,7 +39,9 @@ from swarm_gdrive.training.grpo import LossConfig
 from swarm_gdrive.training.policy import PolicyTrainer, TrainGroup, TrainSettings, peak_memory_mb, pick_device
 from swarm_gdrive.training.tasks import build_messages
 
-SIDES = ("ours", "trl")
+#: ours: PolicyTrainer.step; whole: the same with every sequence laid out whole (the update before issue #26, and
+#: still under gradient checkpointing); trl: TRL's GRPOTrainer.
+SIDES = ("ours", "whole", "trl")
 LOSS = LossConfig(loss_type="grpo", epsilon=0.2, epsilon_high=0.28, beta=0.0)
 LEARNING_RATE = 1e-6
 
@@ -62,12 +64,14 @@ def batch_of(args: argparse.Namespace, trainer: PolicyTrainer) -> list[TrainGrou
     return [TrainGroup(p, c, rewards) for p, c in zip(prompts, completions, strict=True)]
 
 
-def run_ours(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+def run_ours(args: argparse.Namespace, device: torch.device, whole: bool = False) -> dict[str, Any]:
     model, tokenizer = load(args.model, device, args.random_init, Path(args.cache))
     settings = TrainSettings(
         max_new_tokens=args.new_tokens, micro_batch_size=args.micro_batch, learning_rate=LEARNING_RATE, loss=LOSS
     )
     trainer = PolicyTrainer(model, tokenizer, settings, device)
+    if whole:
+        trainer._share_prompts = lambda: False  # type: ignore[method-assign]
     groups = batch_of(args, trainer)
     baseline = memory_now_mb(device)
     if device.type == "cuda":
@@ -181,6 +185,7 @@ def summarise(sides: dict[str, dict[str, Any]]) -> dict[str, Any]:
         s["peak_above_baseline_mb"] = s["peak_mb"] - s["baseline_mb"]
     ours, trl = sides["ours"], sides["trl"]
     return {
+        "ours_over_whole_step_s": ours["step_s_median"] / sides["whole"]["step_s_median"],
         "ours_over_trl_step_s": ours["step_s_median"] / trl["step_s_median"],
         "trl_over_ours_speedup": trl["step_s_median"] / ours["step_s_median"],
         "ours_over_trl_peak_mb": ours["peak_mb"] / trl["peak_mb"],
@@ -198,7 +203,9 @@ def render(result: dict[str, Any]) -> str:
     rows = [
         [name, ", ".join(f"{x:.2f}" for x in v["step_s"]), v["step_s_median"], v["baseline_mb"], v["peak_mb"],
          v["peak_above_baseline_mb"], v["loss"], v["grad_norm"]]
-        for name, v in (("this project (PolicyTrainer.step)", sides["ours"]), ("TRL GRPOTrainer", sides["trl"]))
+        for name, v in (("this project (PolicyTrainer.step)", sides["ours"]),
+                        ("this project, sequences whole (before issue #26)", sides["whole"]),
+                        ("TRL GRPOTrainer", sides["trl"]))
     ]  # fmt: skip
     memory = "GPU allocated (MB)" if s["device"].startswith("cuda") else "RSS high-water (MB)"
     met = lambda ok: "met" if ok else "missed"  # noqa: E731
@@ -215,6 +222,7 @@ def render(result: dict[str, Any]) -> str:
             markdown_table(HEADER[:3] + [f"baseline {memory}", f"peak {memory}"] + HEADER[3:], rows),
             "Loss and gradient norm of the last step: the same update on both sides gives the same values "
             "(up to float rounding and the tiny learning rate's drift).",
+            f"Shared prompts over whole sequences: time per step **{r['ours_over_whole_step_s']:.2f}x**. "
             f"Ratios, this project over TRL: time per step **{r['ours_over_trl_step_s']:.2f}x** "
             f"({r['trl_over_ours_speedup']:.2f}x as fast), peak memory **{r['ours_over_trl_peak_mb']:.2f}x**, "
             f"peak above baseline **{r['ours_over_trl_peak_above_baseline_mb']:.2f}x**.",
@@ -244,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     source = source_version()
     device = pick_device(args.device, cpu_only=False)
     if args.side is not None:
-        measured = (run_ours if args.side == "ours" else run_trl)(args, device)
+        sides_run = {"ours": run_ours, "whole": lambda a, d: run_ours(a, d, whole=True), "trl": run_trl}
+        measured = sides_run[args.side](args, device)
         Path(args.side_out).write_text(json.dumps(measured))
         return 0
     sides = {}
