@@ -624,6 +624,13 @@ class Config:
         _parse_device,
     )
     cpu_only: bool = _env("CPU_ONLY", False, "Force the CPU even where a GPU exists.", _parse_bool)
+    torch_threads: int = _env(
+        "TORCH_THREADS",
+        0,
+        "CPU threads of a worker's torch. 0: the physical cores shared among this machine's worker processes, "
+        "counted at start and every round (unless OMP_NUM_THREADS set torch's count); N: exactly N.",
+        _parse_int(0),
+    )
     precision: str = _env(
         "PRECISION",
         "auto",

@@ -37,6 +37,7 @@ from swarm_gdrive.training.policy import (
 )
 from swarm_gdrive.training.rewards import ANSWER_OPEN
 from swarm_gdrive.training.tasks import TaskBank, build_messages, parse_task_mix, question_rng
+from swarm_gdrive.training.threads import ThreadPlan
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class GRPOWorkload:
         self.layout = Layout(config.experiment_name)
         self._stop = stop
         self.device = pick_device(config.device, config.cpu_only)
+        self.threads = ThreadPlan(config.torch_threads, self.device)
         self.bank = TaskBank(
             parse_task_mix(config.tasks, config.task_config, config.task_difficulty),
             config.seed,
@@ -163,6 +165,7 @@ class GRPOWorkload:
     # -- Workload --------------------------------------------------------------------------
 
     def generate(self, ctx: StageContext) -> Iterator[RolloutGroup]:
+        self.threads.update()  # a worker that started or stopped beside this one since the last round
         questions = self.bank.draw(
             self.config.num_train_samples, question_rng(ctx.seed, ctx.node_id, ctx.round, ctx.stage)
         )
