@@ -195,6 +195,8 @@ def pick_weight_dtype(requested: str, device: torch.device, lora: bool) -> str:
 #: Prompts of a generation call that share at least this many leading tokens (a chat template's system turn) run
 #: them through the model once (:meth:`PolicyTrainer._layout`).
 _MIN_SHARED_PREFIX = 8
+#: Generation on the CPU decodes from a static KV cache (:meth:`PolicyTrainer._prefill`).
+STATIC_CACHE_ON_CPU = True
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -432,7 +434,7 @@ class PolicyTrainer:
         if ids.shape[1] > shared:
             self.model(input_ids=ids[:, shared:], attention_mask=mask, position_ids=positions[:, shared:], **run)
         cache.batch_repeat_interleave(copies)
-        if self.device.type != "cpu":
+        if self.device.type != "cpu" or not STATIC_CACHE_ON_CPU:
             return cache
         static = StaticCache(config=self.model.config, max_cache_len=length)
         for index, layer in enumerate(cache.layers):
