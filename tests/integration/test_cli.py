@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -246,9 +247,23 @@ def test_status_watch_follows_a_run_until_ctrl_c(tmp_path):
              "--watch", "0.3"],
             env={**clean, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        time.sleep(3)
+        # Ctrl-C once it has redrawn 3 times (not after a fixed 3 s: on a loaded machine its start alone took that).
+        lines: list[str] = []
+
+        def read() -> None:
+            for line in watch.stdout:
+                lines.append(line)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 90
+        while sum(line.startswith("--- ") for line in list(lines)) < 3 and watch.poll() is None:
+            assert time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.05)
         watch.send_signal(signal.SIGINT)
-        out, err = watch.communicate(timeout=30)
+        watch.wait(timeout=30)
+        reader.join(10)
+        out, err = "".join(lines), watch.stderr.read()
     finally:
         assert coordinator.terminate() == 0
     assert watch.returncode == 0, err
