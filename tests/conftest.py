@@ -34,6 +34,13 @@ LONG_FIRST = (
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Several workers share the cores: one OpenMP thread per process (the nodes a test starts inherit it), since
+        # torch's threads spinning on busy cores cost far more than they gain. A test that sets it keeps its own.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         return next((i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
