@@ -19,7 +19,16 @@ from swarm_gdrive.procs import NodeProcess, stop_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+def _chromium() -> str | None:
+    """Debian's chromium, once .ci/run's background install of it has ended (it touches SWARM_TEST_CHROMIUM_DONE)."""
+    done, deadline = os.environ.get("SWARM_TEST_CHROMIUM_DONE"), time.monotonic() + 600
+    while done and not os.path.exists(done) and time.monotonic() < deadline:
+        time.sleep(1)
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+CHROMIUM = _chromium()
 
 
 def clean_env() -> dict[str, str]:
