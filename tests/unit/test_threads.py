@@ -29,9 +29,17 @@ def _sleeper(role: str | None, module: bool = True) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code, marker], env=env)
 
 
-def test_local_workers_counts_worker_processes_of_this_machine_and_this_one() -> None:
+def test_local_workers_counts_worker_processes_of_this_machine_and_this_one(monkeypatch) -> None:
+    import psutil
+
+    # Every process of the machine is listed and looked at, but only this test's own are kept: tests on the other
+    # xdist workers start and stop nodes all the time, which would change the count under this test's feet.
+    ours: set[int] = set()
+    every = psutil.process_iter
+    monkeypatch.setattr(psutil, "process_iter", lambda *a, **k: (p for p in every(*a, **k) if p.pid in ours))
     before = local_workers()
     procs = [_sleeper("worker"), _sleeper(None), _sleeper("coordinator"), _sleeper("worker", module=False)]
+    ours.update(proc.pid for proc in procs)
     try:
         deadline = time.monotonic() + 20
         while local_workers() != before + 2 and time.monotonic() < deadline:  # the processes' cmdlines appear
