@@ -60,6 +60,9 @@ SMALL_MODEL_PRESET: dict[str, str] = {
     "TEMPERATURE": "0.7",
     "LEARNING_RATE": "5e-6",
     "EVAL_SAMPLES": "8",  # held-out pass@1 before the first round and after the last
+    # A step's I + J groups of G = 4 in one micro-batch: the prompts' shared system turn then runs once a step, not
+    # once a micro-batch (the same gradient: micro-batches accumulate exactly). Their activations are small.
+    "MICRO_BATCH_SIZE": "32",
 }
 
 #: The sparse-signal regime (issue 15 part 4) where SAPO's external groups should matter: the packaged SmolLM2-135M

@@ -279,12 +279,26 @@ class GRPOWorkload:
         """
         results: list[TaskEval] = []
         accuracy_at_level: dict[str, float] = {}
-        for task in self.bank.tasks:
-            levels = sorted({0, self.bank.current_level[task]})
-            for level in levels:
-                result = self._evaluate_task(task, level, round_)
-                results.append(result)
-                accuracy_at_level[task] = result.pass1  # the last one is the current level
+        prefix = ANSWER_OPEN if self.config.answer_prefix else ""
+        sets = [
+            (task, level, self.bank.eval_questions(task, self.config.eval_samples, level))
+            for task in self.bank.tasks
+            for level in sorted({0, self.bank.current_level[task]})
+        ]
+        prompts = [[self.trainer.prompt_ids(build_messages(q.question), prefix) for q in qs] for _, _, qs in sets]
+        # Every task's questions in as few calls as GEN_BATCH_SIZE allows: greedy completions depend on the prompt
+        # alone, and a batch decodes them all in one step where a call per task would take a step each.
+        names = ", ".join(dict.fromkeys(task for task, _, _ in sets))
+        greedy = self.trainer.generate(
+            [p for ps in prompts for p in ps], 1, seed=0, greedy=True, label=f"evaluate {names} (greedy)"
+        )
+        start = 0
+        for (task, level, questions), task_prompts in zip(sets, prompts, strict=True):
+            texts = [t[0] for t in greedy.texts[start : start + len(questions)]]
+            start += len(questions)
+            result = self._evaluate_task(task, level, round_, questions, task_prompts, texts)
+            results.append(result)
+            accuracy_at_level[task] = result.pass1  # the last one is the current level
         if self.config.curriculum_threshold > 0:
             top = {t: len(self.bank.levels[t]) - 1 for t in self.bank.tasks}
             new = curriculum_step(self.bank.current_level, accuracy_at_level, self.config.curriculum_threshold, top)
@@ -296,14 +310,14 @@ class GRPOWorkload:
                     self.bank.set_level(task, level)
         return results
 
-    def _evaluate_task(self, task: str, level: int, round_: int) -> TaskEval:
-        questions = self.bank.eval_questions(task, self.config.eval_samples, level)
+    def _evaluate_task(
+        self, task: str, level: int, round_: int, questions: list[Any], prompts: list[list[int]], greedy: list[str]
+    ) -> TaskEval:
+        """One task's held-out scores from its greedy completions, and its sampled pass@k when EVAL_PASS_K > 0."""
         prefix = ANSWER_OPEN if self.config.answer_prefix else ""
-        prompts = [self.trainer.prompt_ids(build_messages(q.question), prefix) for q in questions]
-        greedy = self.trainer.generate(prompts, 1, seed=0, greedy=True, label=f"evaluate {task} (greedy)")
         scores = [
-            self.bank.score_group(q.entry, [prefix + texts[0]], 0.0, self.config.answer_extraction)[0]
-            for q, texts in zip(questions, greedy.texts, strict=True)
+            self.bank.score_group(q.entry, [prefix + text], 0.0, self.config.answer_extraction)[0]
+            for q, text in zip(questions, greedy, strict=True)
         ]
         k = self.config.eval_pass_k
         pass_k = pass_k_se = None
