@@ -469,6 +469,19 @@ def test_shared_prefill_generates_what_num_return_sequences_generated(
     assert len({tuple(c) for c in flat}) > len(prompts)  # sampled: a prompt's completions differ
 
 
+def test_the_growing_cache_of_a_gpu_generates_the_same_tokens(
+    monkeypatch: pytest.MonkeyPatch, eos_model: Any, tokenizer: Any
+) -> None:
+    """Off the CPU generation continues from transformers' growing cache, not a static one: the same tokens."""
+    from swarm_gdrive.training import policy
+
+    monkeypatch.setattr(policy, "STATIC_CACHE_ON_CPU", False)
+    trainer = trainer_for(eos_model, tokenizer, gen_batch_size=8, max_new_tokens=12, temperature=0.7)
+    prompts = [trainer.prompt_ids([SYSTEM, {"role": "user", "content": "2 *" * (i + 1)}]) for i in range(4)]
+    gen = trainer.generate(prompts, num_generations=4, seed=9)
+    assert gen.token_ids == reference_generate(trainer, prompts, 4, 9, do_sample=True, temperature=0.7, top_p=1.0)
+
+
 def test_the_shared_prefix_cache_holds_each_prompts_own_keys_and_values(model: Any, tokenizer: Any) -> None:
     """The cache that generation continues from (the system turn computed once, padding between it and each prompt's
     rest, every row repeated G times) holds, at each prompt's real tokens, the keys and values of that prompt run
