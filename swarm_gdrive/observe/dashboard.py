@@ -142,6 +142,8 @@ class Dashboard:
                     next_at = max(next_at + period, time.monotonic())  # a slow refresh does not pile up others
         except KeyboardInterrupt:
             why = "by the stop button"
+        if interrupted:  # noted during the last refresh before the deadline: the button ended it all the same
+            why = "by the stop button"
         print(
             f"dashboard: {count} refreshes in {time.monotonic() - started:.0f} s, ended {why}; "
             "the controls work again (run the cell again to resume auto-refresh)",

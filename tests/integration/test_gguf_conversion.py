@@ -24,6 +24,9 @@ CONVERSATIONS = [
         {"role": "user", "content": "Zählen Sie bis drei; 日本語で答えて\ttab\r\nand CRLF."},
     ],
 ]
+# One conversion for the module's tests: on one xdist worker, not one on each.
+pytestmark = pytest.mark.xdist_group("gguf-conversion")
+
 TEXTS = ["", " leading space", "<|im_start|>user\nhi<|im_end|>", "don't  stop\n\n\nx", "ÀÉÎõü ß ∑ ∞"]
 
 
