@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -146,6 +147,30 @@ def _target_logps(logits: Tensor, targets: Tensor, temperature: float) -> Tensor
     return torch.stack(rows)
 
 
+def prompt_cache(
+    model: torch.nn.Module, ids: Tensor, mask: Tensor, shared_prefix: int, cache_kwarg: str = "cache"
+) -> tuple[Any, Tensor | None]:
+    """The KV cache of prompts ``ids`` ``[U, P]`` (padding masked by ``mask``), their first ``shared_prefix`` columns
+    (a prefix common to every row, padding after it) run once for all rows; and the logits of the last column.
+
+    Positions are those ``generate`` gives: real tokens count from 0, pads get 1 (they are masked anyway). Returns
+    the cache (a ``DynamicCache`` of U rows) and ``[U, 1, V]`` logits, or None when every column is the prefix.
+    """
+    from transformers import DynamicCache
+
+    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    cache = DynamicCache(config=model.config)
+    run = {"use_cache": True, "logits_to_keep": 1, cache_kwarg: cache}
+    if shared_prefix:
+        prefix = slice(0, shared_prefix)
+        model(input_ids=ids[:1, prefix], attention_mask=mask[:1, prefix], position_ids=positions[:1, prefix], **run)
+        cache.batch_repeat_interleave(ids.size(0))
+    if ids.size(1) == shared_prefix:
+        return cache, None
+    rest = slice(shared_prefix, None)
+    return cache, model(input_ids=ids[:, rest], attention_mask=mask, position_ids=positions[:, rest], **run).logits
+
+
 def shared_prompt_logps(
     model: torch.nn.Module,
     prompt_ids: Tensor,
@@ -178,35 +203,19 @@ def shared_prompt_logps(
     Returns:
         ``[N, T]`` float32 log-probabilities, 0 where ``completion_mask`` is 0.
     """
-    from transformers import DynamicCache
-
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 (it divides the logits)")
-    positions = (prompt_mask.long().cumsum(-1) - 1).masked_fill(prompt_mask == 0, 1)
-    cache = DynamicCache(config=model.config)
-    run = {"use_cache": True, "logits_to_keep": 1, cache_kwarg: cache}
-    if shared_prefix:
-        head = slice(0, shared_prefix)
-        model(
-            input_ids=prompt_ids[:1, head],
-            attention_mask=prompt_mask[:1, head],
-            position_ids=positions[:1, head],
-            **run,
-        )
-        cache.batch_repeat_interleave(prompt_ids.size(0))
-    tail = slice(shared_prefix, None)
-    last = model(
-        input_ids=prompt_ids[:, tail], attention_mask=prompt_mask, position_ids=positions[:, tail], **run
-    ).logits  # fmt: skip
+    cache, last = prompt_cache(model, prompt_ids, prompt_mask, shared_prefix, cache_kwarg)
     logits = last.index_select(0, owner)  # [N, 1, V]: the prompt's last position predicts the first completion token
     if completion_ids.size(1) > 1:
         cache.batch_select_indices(owner)
-        head = completion_ids[:, :-1]
+        inputs = completion_ids[:, :-1]
         mask = torch.cat([prompt_mask.index_select(0, owner), completion_mask[:, :-1]], dim=1)
         start = prompt_mask.sum(-1).index_select(0, owner).unsqueeze(1)
         rest = model(
-            input_ids=head, attention_mask=mask, position_ids=start + torch.arange(head.size(1), device=head.device),
-            use_cache=True, **{cache_kwarg: cache},
+            input_ids=inputs, attention_mask=mask,
+            position_ids=start + torch.arange(inputs.size(1), device=inputs.device), use_cache=True,
+            **{cache_kwarg: cache},
         ).logits  # fmt: skip
         logits = torch.cat([logits, rest], dim=1)
     logps = _target_logps(logits, completion_ids, temperature)

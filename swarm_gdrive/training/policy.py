@@ -363,10 +363,8 @@ class PolicyTrainer:
         padding goes between it and each prompt's own rest, so that the prefix takes the same positions in every
         row and is run through the model once (:meth:`_prefill`). Positions count real tokens only, so to the
         model this is the left padding it would otherwise get; with no shared prefix it is left padding."""
-        shortest = min(len(p) for p in prompts)
-        shared = 0
-        while shared < shortest - 1 and all(p[shared] == prompts[0][shared] for p in prompts):
-            shared += 1
+        # At most all but a token of the shortest prompt: every row keeps a rest of its own after the prefix.
+        shared = min(len(os.path.commonprefix(prompts)), min(len(p) for p in prompts) - 1)
         if len(prompts) == 1 or shared < _MIN_SHARED_PREFIX:
             shared = 0
         pad = self.tokenizer.pad_token_id
@@ -421,18 +419,9 @@ class PolicyTrainer:
         keys and values at every step (for 32 sequences of 150 tokens, 220 MB copied a step beside 540 MB of
         weights read), a static one writes one position in place. Elsewhere it stays the growing one (a GPU's
         copies are cheap, and transformers compiles a static cache's model on a GPU unless told not to)."""
-        from transformers import DynamicCache, StaticCache
+        from transformers import StaticCache
 
-        positions = (mask.long().cumsum(-1) - 1).masked_fill_(mask == 0, 1)
-        cache = DynamicCache(config=self.model.config)
-        run = {"use_cache": True, "logits_to_keep": 1, self._cache_kwarg: cache}
-        if shared:
-            self.model(
-                input_ids=ids[:1, :shared], attention_mask=mask[:1, :shared], position_ids=positions[:1, :shared], **run
-            )
-            cache.batch_repeat_interleave(ids.shape[0])
-        if ids.shape[1] > shared:
-            self.model(input_ids=ids[:, shared:], attention_mask=mask, position_ids=positions[:, shared:], **run)
+        cache, _ = grpo.prompt_cache(self.model, ids, mask, shared, self._cache_kwarg)
         cache.batch_repeat_interleave(copies)
         if self.device.type != "cpu" or not STATIC_CACHE_ON_CPU:
             return cache
