@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -92,10 +93,16 @@ def test_a_forged_state_visible_for_under_a_second_is_never_played(tmp_path, var
         state_file = folder / LAYOUT.state_file
         real = state_file.read_bytes()
         fake = encode(forged(read_record(folder, LAYOUT.state_file, StateRecord), variant))
-        replace(state_file, fake)
-        time.sleep(0.6)  # the forgery's lifetime: both workers poll the state at least every 0.5 s
-        if state_file.read_bytes() == fake:  # else the coordinator has written its own state back already
+        # The coordinator paused for the forgery's lifetime: running, it may write its own state back within
+        # milliseconds, before a worker has polled, and a worker that never saw the forgery cannot reject it.
+        coordinator = swarm.procs[0].proc
+        coordinator.send_signal(signal.SIGSTOP)
+        try:
+            replace(state_file, fake)
+            time.sleep(0.6)  # the forgery's lifetime: both workers poll the state at least every 0.5 s
             replace(state_file, real)
+        finally:
+            coordinator.send_signal(signal.SIGCONT)
         said = f"rejected {LAYOUT.state_file}: "
 
         def settled() -> bool:  # both rejected it; or (the bug) one acted on it: played it, or exited
