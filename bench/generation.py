@@ -29,6 +29,7 @@ import torch
 
 from bench.common import machine_info, machine_line, machine_tag, markdown_table, source_version, write_result
 from bench.models import QUESTIONS, add_model_options, load, sync
+from swarm_gdrive.training import policy
 from swarm_gdrive.training.policy import PolicyTrainer, TrainSettings, peak_memory_mb, pick_device
 from swarm_gdrive.training.tasks import build_messages
 
@@ -99,6 +100,13 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     sync(device)
     batched = trainer.generate(prompts, args.generations, seed=1)
     sync(device)
+    plain = None
+    if device.type == "cpu":  # the same batching with transformers' own sampler and linear layers
+        policy.FAST_CPU_DECODING = False
+        try:
+            plain = trainer.generate(prompts, args.generations, seed=1)
+        finally:
+            policy.FAST_CPU_DECODING = True
     before, before_s = generate_before(trainer, prompts, args.generations, seed=1)
     same = sum(a == b for x, y in zip(batched.token_ids, before, strict=True) for a, b in zip(x, y, strict=True))
     single = PolicyTrainer(model, tokenizer, dataclasses.replace(settings, gen_batch_size=1), device)
@@ -114,6 +122,11 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "batched": {"sequences": sequences, "new_tokens": batched.new_tokens,
                     "seconds": batched.seconds, "tokens_per_s": batched_rate},
+        "batched_plain_decoding": None if plain is None else {
+            "sequences": sequences, "new_tokens": plain.new_tokens, "seconds": plain.seconds,
+            "tokens_per_s": plain.new_tokens / plain.seconds,
+            "identical_completions": sum(a == b for x, y in zip(batched.token_ids, plain.token_ids, strict=True)
+                                         for a, b in zip(x, y, strict=True))},
         "before": {"sequences": sequences, "new_tokens": sequences * args.new_tokens, "seconds": before_s,
                    "tokens_per_s": before_rate, "identical_completions": same},
         "one_call_per_completion": {"calls_timed": args.single_calls, "new_tokens": tokens, "seconds": single_s,
@@ -132,6 +145,10 @@ def render(result: dict[str, Any]) -> str:
     rows = [
         ["batched (this project)", m["batched"]["sequences"], m["batched"]["new_tokens"], m["batched"]["seconds"],
          m["batched"]["tokens_per_s"]],
+        *([["batched, transformers' sampler and linears (FAST_CPU_DECODING off)",
+            m["batched_plain_decoding"]["sequences"], m["batched_plain_decoding"]["new_tokens"],
+            m["batched_plain_decoding"]["seconds"], m["batched_plain_decoding"]["tokens_per_s"]]]
+          if m.get("batched_plain_decoding") else []),
         ["before issue #26 (num_return_sequences)", m["before"]["sequences"], m["before"]["new_tokens"],
          m["before"]["seconds"], m["before"]["tokens_per_s"]],
         ["one generate call per completion", m["one_call_per_completion"]["calls_timed"],
@@ -149,6 +166,13 @@ def render(result: dict[str, Any]) -> str:
         f"{m['before']['sequences']} completions identical for the seed); over one call per completion: "
         f"**{m['ratio_batched_over_one_call']:.2f}x**.",
     ]
+    if m.get("batched_plain_decoding"):
+        plain = m["batched_plain_decoding"]
+        parts.append(
+            f"The CPU decoding of `training/decoding.py` (same-draw sampler, transposed linears): "
+            f"**{m['batched']['tokens_per_s'] / plain['tokens_per_s']:.2f}x** the same batching without it "
+            f"({plain['identical_completions']} of {plain['sequences']} completions identical)."
+        )
     if m.get("limit"):
         lim = m["limit"]
         parts.append(

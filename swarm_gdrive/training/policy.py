@@ -26,7 +26,7 @@ from torch import Tensor
 
 from swarm_gdrive import progress
 from swarm_gdrive.protocol.records import MAX_COMPLETION_CHARS
-from swarm_gdrive.training import adapters, grpo
+from swarm_gdrive.training import adapters, decoding, grpo
 
 try:  # POSIX only: a native Windows process measures its memory through psutil (peak_memory_mb)
     import resource
@@ -197,6 +197,8 @@ def pick_weight_dtype(requested: str, device: torch.device, lora: bool) -> str:
 _MIN_SHARED_PREFIX = 8
 #: Generation on the CPU decodes from a static KV cache (:meth:`PolicyTrainer._prefill`).
 STATIC_CACHE_ON_CPU = True
+#: Generation on the CPU samples by :func:`decoding.same_draw` and runs its linears transposed (:mod:`.decoding`).
+FAST_CPU_DECODING = True
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -397,19 +399,26 @@ class PolicyTrainer:
             "pad_token_id": self.tokenizer.pad_token_id,
             "disable_compile": True,  # a compile costs more than a round's generation saves (and needs a compiler)
         }
-        if (num_generations == 1 and not shared) or ids.shape[1] < 2:
-            return self.model.generate(
-                input_ids=ids, attention_mask=mask, num_return_sequences=num_generations, **kwargs
+        fast = self.device.type == "cpu" and FAST_CPU_DECODING
+        if fast:
+            kwargs = decoding.cpu_generate_kwargs(self.model, kwargs)
+        with decoding.transposed_linears(self.model) if fast else nullcontext():
+            if (num_generations == 1 and not shared) or ids.shape[1] < 2:
+                # The rows repeated as num_return_sequences would repeat them (which a greedy call refuses).
+                return self.model.generate(
+                    input_ids=ids.repeat_interleave(num_generations, dim=0),
+                    attention_mask=mask.repeat_interleave(num_generations, dim=0),
+                    **kwargs,
+                )
+            cache = self._prefill(
+                ids[:, :-1], mask[:, :-1], shared, num_generations, ids.shape[1] + kwargs["max_new_tokens"]
             )
-        cache = self._prefill(
-            ids[:, :-1], mask[:, :-1], shared, num_generations, ids.shape[1] + kwargs["max_new_tokens"]
-        )
-        return self.model.generate(
-            input_ids=ids.repeat_interleave(num_generations, dim=0),
-            attention_mask=mask.repeat_interleave(num_generations, dim=0),
-            **{self._cache_kwarg: cache},
-            **kwargs,
-        )
+            return self.model.generate(
+                input_ids=ids.repeat_interleave(num_generations, dim=0),
+                attention_mask=mask.repeat_interleave(num_generations, dim=0),
+                **{self._cache_kwarg: cache},
+                **kwargs,
+            )
 
     def _prefill(self, ids: Tensor, mask: Tensor, shared: int, copies: int, length: int) -> Any:
         """The KV cache of ``ids`` (laid out by :meth:`_layout`, with the positions ``generate`` gives them: pads

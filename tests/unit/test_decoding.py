@@ -1,0 +1,166 @@
+"""Faster CPU decoding (swarm_gdrive.training.decoding): the same draws as torch.multinomial, the same products as
+nn.Linear, the same tokens as transformers' own sampling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from swarm_gdrive.training import decoding  # noqa: E402
+from swarm_gdrive.training.decoding import (  # noqa: E402
+    SameDrawSampler,
+    cpu_generate_kwargs,
+    same_draw,
+    transposed_linears,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture
+def two_threads() -> Any:
+    """The transposed linears apply only where torch runs more than one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _probs(rows: int, vocab: int, keep: int | None, seed: int) -> Any:
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+    if keep is not None:  # what a top-k warper leaves: `keep` entries a row
+        cut = torch.topk(logits, keep).values[:, -1:]
+        logits = logits.masked_fill(logits < cut, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+@pytest.mark.parametrize("keep", [None, 50, 1])
+def test_same_draw_gives_torch_multinomials_tokens_and_generator_state(keep: int | None) -> None:
+    for seed in range(40):
+        probs = _probs(8, 3000, keep, seed)
+        torch.manual_seed(seed)
+        expected, after = torch.multinomial(probs, 1), torch.rand(4)
+        torch.manual_seed(seed)
+        got, got_after = same_draw(probs), torch.rand(4)
+        assert torch.equal(got, expected)
+        assert torch.equal(got_after, after)
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [([0.5, float("nan")], "inf"), ([0.5, -0.1], "element < 0"), ([0.0, 0.0], "sum of probabilities")],
+)
+def test_same_draw_refuses_what_torch_multinomial_refuses(row: list[float], message: str) -> None:
+    probs = torch.tensor([[0.3, 0.7], row])
+    with pytest.raises(RuntimeError, match=message):
+        torch.multinomial(probs, 1)
+    with pytest.raises(RuntimeError, match=message):
+        same_draw(probs)
+
+
+def test_a_zero_uniform_on_an_impossible_token_picks_it_as_torch_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """exponential_ can return 0 (probability 2^-53 an entry); torch's p / q is then 0 / 0 = NaN, which its argmax
+    picks. The sparse path would skip that entry, so a zero uniform takes the full division."""
+    probs = torch.zeros(1, 12)
+    probs[0, 1], probs[0, 2] = 0.6, 0.4  # sparse: 2 of 12 entries possible
+    uniforms = torch.full((1, 12), 0.5, dtype=torch.float64)
+    uniforms[0, 7] = 0.0
+    monkeypatch.setattr(decoding.torch, "rand", lambda *a, **k: uniforms.clone())
+    assert same_draw(probs).item() == 7
+
+
+def test_greedy_and_unreproduced_settings_keep_generates_own_sampling(loaded_tiny: Any) -> None:
+    model, _ = loaded_tiny
+    assert cpu_generate_kwargs(model, {"do_sample": False}) == {"do_sample": False}
+    typical = {"do_sample": True, "typical_p": 0.9}
+    assert cpu_generate_kwargs(model, typical) == typical
+
+
+def test_sampling_becomes_transformers_warpers_in_its_order_then_the_sampler(loaded_tiny: Any) -> None:
+    model, _ = loaded_tiny
+    kwargs = cpu_generate_kwargs(model, {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "max_new_tokens": 5})
+    assert kwargs["do_sample"] is False and kwargs["max_new_tokens"] == 5 and "temperature" not in kwargs
+    names = [type(p).__name__ for p in kwargs["logits_processor"]]
+    # top_k is transformers' default of 50 where neither the model nor the call sets it.
+    assert names == ["TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "SameDrawSampler"]
+
+
+@pytest.fixture(scope="module")
+def loaded_tiny(tiny_folder: Path) -> tuple[Any, Any]:
+    from swarm_gdrive.training.models import load_model_and_tokenizer
+
+    return load_model_and_tokenizer(str(tiny_folder), torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"temperature": 1.0},
+        {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 1.3, "top_k": 0},  # every token possible: the dense division
+        {"temperature": 0.9, "top_k": 5, "min_p": 0.05},
+    ],
+)
+def test_generation_samples_the_tokens_generate_samples(
+    loaded_tiny: Any, sampling: dict[str, Any], two_threads: None
+) -> None:
+    model, tokenizer = loaded_tiny
+    prompts = tokenizer(["1 2 3", "4 5 6 7 8"], padding=True, return_tensors="pt")
+    common = {**prompts, "max_new_tokens": 10, "min_new_tokens": 10, "pad_token_id": tokenizer.pad_token_id}
+    plain = {"do_sample": True, **sampling}
+    with torch.no_grad():
+        torch.manual_seed(3)
+        expected = model.generate(**common, **plain, num_return_sequences=3)
+        torch.manual_seed(3)
+        with transposed_linears(model):
+            rows = {k: v.repeat_interleave(3, dim=0) for k, v in prompts.items()}
+            got = model.generate(**{**common, **rows}, **cpu_generate_kwargs(model, plain))
+    assert torch.equal(got, expected)
+    assert len({tuple(r) for r in got[:, -10:].tolist()}) > 2  # sampled: not one sequence repeated
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 32, 256, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_transposed_linears_compute_what_nn_linear_computes(rows: int, bias: bool, two_threads: None) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(24, 40, bias=bias), torch.nn.ReLU(), torch.nn.Linear(40, 8))
+    x = torch.randn(rows, 1, 24)
+    with torch.no_grad():
+        expected = model(x)
+        with transposed_linears(model):
+            assert all("forward" in vars(m) for m in model.modules() if isinstance(m, torch.nn.Linear))
+            got = model(x)
+    torch.testing.assert_close(got, expected)
+    assert got.shape == (rows, 1, 8)
+    assert all("forward" not in vars(m) for m in model.modules())
+
+
+def test_one_thread_keeps_nn_linear() -> None:
+    layer = torch.nn.Linear(6, 5)
+    with transposed_linears(layer):
+        assert "forward" not in vars(layer)
+
+
+def test_transposed_linears_leave_training_and_restore_the_layers_after_an_error(two_threads: None) -> None:
+    layer = torch.nn.Linear(6, 5)
+    x = torch.randn(4, 6, requires_grad=True)
+    with pytest.raises(ValueError), transposed_linears(layer):
+        assert "forward" in vars(layer)
+        layer(x).sum().backward()  # an input that needs gradients takes nn.Linear's own product
+        assert x.grad is not None
+        raise ValueError("stop")
+    assert "forward" not in vars(layer)
+
+
+def test_the_sampler_returns_a_one_hot_row_of_the_drawn_token() -> None:
+    scores = torch.log(_probs(3, 100, 10, seed=1))
+    torch.manual_seed(0)
+    token = same_draw(torch.softmax(scores, dim=-1))
+    torch.manual_seed(0)
+    out = SameDrawSampler()(torch.zeros(3, 1, dtype=torch.long), scores)
+    assert torch.equal(out.argmax(-1, keepdim=True), token)
+    assert torch.equal((out == 0).sum(-1), torch.ones(3, dtype=torch.long))
