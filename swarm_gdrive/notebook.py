@@ -256,8 +256,9 @@ def node_env(
     **values: object,
 ) -> dict[str, str]:
     """The environment shared by a swarm's nodes: GDRIVE_PATH, EXPERIMENT_NAME, the small-model settings
-    (when ``small_model``), SYNC_LAG (from ``sync_lag``, see :func:`resolve_sync_lag`), ``values``, then ``extra`` (a
-    dict of any other variables), then the Hub token from the Colab secret ``hub_token_secret`` (if any).
+    (when ``small_model``), SYNC_LAG (from ``sync_lag``, see :func:`resolve_sync_lag`), ``values``, then the
+    TEST_MODE preset when ``values`` has TEST_MODE on (see :func:`apply_test_mode`), then ``extra`` (a dict of
+    any other variables), then the Hub token from the Colab secret ``hub_token_secret`` (if any).
     GDRIVE_PATH is resolved for ``storage`` (:func:`shared_folder`) with the credentials and endpoint of this
     environment."""
     from swarm_gdrive.config import SMALL_MODEL_PRESET, swarm_env
@@ -270,9 +271,33 @@ def node_env(
         {"SYNC_LAG": f"{lag:g}"} if lag is not None else {},
         **values,
     )
+    apply_test_mode(env)
     env.update({str(k): str(v) for k, v in (extra or {}).items()})
     env.update(hub_token_env(hub_token_secret))
     env["GDRIVE_PATH"] = shared_folder(storage, env["GDRIVE_PATH"], drive_mount, {**os.environ, **env})
+    return env
+
+
+def apply_test_mode(env: dict[str, str]) -> dict[str, str]:
+    """With TEST_MODE on in ``env``, the test preset (config.TEST_MODE_PRESET) replaces the notebook's own
+    values of its variables (its form's MAX_ROUNDS = 20, ...), and what changed is printed: a user who ticks
+    TEST_MODE gets the quick check. A node applies the preset only to variables not set, so the notebook
+    must apply it here; EXTRA_ENV, applied after, still sets any variable explicitly. Returns ``env``."""
+    from swarm_gdrive.config import TEST_MODE_PRESET, _parse_bool
+
+    if not _parse_bool("TEST_MODE", env.get("TEST_MODE", "") or "false"):
+        return env
+    replaced = [
+        f"{var}={value} (not {env[var]})" for var, value in TEST_MODE_PRESET.items() if env.get(var, value) != value
+    ]
+    env.update(TEST_MODE_PRESET)
+    said = ", ".join(f"{var}={value}" for var, value in TEST_MODE_PRESET.items())
+    print(
+        f"TEST_MODE: the test preset applies ({said})"
+        + (f"; it replaces this notebook's {', '.join(replaced)}" if replaced else "")
+        + ". Untick TEST_MODE for the notebook's own values",
+        flush=True,
+    )
     return env
 
 

@@ -237,3 +237,21 @@ def test_sync_lag_follows_the_storage_mode_unless_set(tmp_path):
     assert (config.coordinator_round_interval, config.rollout_wait_timeout, config.liveness_timeout) == (420, 210, 300)
     assert "SYNC_LAG" not in notebook.node_env(str(drive), "e")  # one runtime's nodes: no lag between them
     assert notebook.node_env(str(drive), "e", sync_lag="auto", extra={"SYNC_LAG": "5"})["SYNC_LAG"] == "5"
+
+
+def test_test_mode_replaces_the_notebooks_own_values_with_the_test_preset(tmp_path, capsys):
+    """Ticking TEST_MODE in a notebook whose form passes MAX_ROUNDS = 20 (coordinator, worker, one GPU) gives the
+    test preset, and says what it replaced; EXTRA_ENV still sets a variable explicitly; unticked, the form counts."""
+    from swarm_gdrive.config import TEST_MODE_PRESET
+
+    form = {"MAX_ROUNDS": 20, "NUM_TRAIN_SAMPLES": 8, "NUM_GENERATIONS": 8}
+    env = notebook.node_env(str(tmp_path), "x", small_model=True, TEST_MODE=True, **form)
+    assert {var: env[var] for var in TEST_MODE_PRESET} == TEST_MODE_PRESET
+    config = notebook.effective_config(env)
+    assert (config.max_rounds, config.num_train_samples, config.num_generations) == (3, 4, 4)
+    out = capsys.readouterr().out
+    assert "TEST_MODE: the test preset applies (MAX_ROUNDS=3" in out and "MAX_ROUNDS=3 (not 20)" in out
+    assert notebook.node_env(str(tmp_path), "x", TEST_MODE=True, extra={"MAX_ROUNDS": 5}, **form)["MAX_ROUNDS"] == "5"
+    capsys.readouterr()
+    assert notebook.node_env(str(tmp_path), "x", TEST_MODE=False, **form)["MAX_ROUNDS"] == "20"
+    assert "TEST_MODE" not in capsys.readouterr().out
