@@ -17,16 +17,18 @@ HERE = Path(__file__).resolve().parent
 
 STORAGE_PARAMS = """\
 #@title Parameters
-# mount: this runtime mounts your Google Drive and works on its files (one sign-in). A mounted Drive shows
-#   what other runtimes write only once it has synced (seconds to minutes), so nodes see each other late.
-# api: the nodes use the Drive API (sign in when asked). Recommended for a swarm of several runtimes: every
-#   node sees every write within seconds. Use the same STORAGE on every runtime of a swarm.
-STORAGE = "mount"  #@param ["mount", "api"]
-# The folder that holds experiments/, as the mounted Drive shows it (also in api mode), or, in api mode,
-# gdrive://<folder id>/<path> for a folder someone shared with you (the id is the end of the folder's URL).
+# api (recommended): one sign-in, then the nodes and the install cell use the Drive API: every node sees
+#   every write within seconds, and deleted checkpoints free their space at once (docs/colab.md, mount or API).
+# mount: this runtime mounts your Google Drive and works on its files; a mount shows other runtimes' writes
+#   only once it has synced (seconds to minutes) and its deletions go to Drive's trash (still counted).
+# Use the same STORAGE on every runtime of a swarm.
+STORAGE = "api"  #@param ["api", "mount"]
+# The folder that holds experiments/, as the mounted Drive would show it (also in api mode), or, in api mode,
+# gdrive://<folder id>/<path> for a folder someone shared with you (the connect output of its owner prints it).
 GDRIVE_PATH = "/content/drive/MyDrive/rl-swarm"  #@param {type:"string"}
 # The swarm-gdrive repository folder copied to your Drive, or the wheel `pip wheel --no-deps .` builds
-# (copied there too), or a git URL such as git+https://github.com/<account>/swarm-gdrive.
+# (copied there too), or a git URL such as git+https://github.com/<account>/swarm-gdrive. In api mode a
+# Drive path is read through the Drive API with the same sign-in (no mount).
 PACKAGE_SOURCE = "/content/drive/MyDrive/swarm-gdrive"  #@param {type:"string"}
 DRIVE_MOUNT = "/content/drive"  # where Colab mounts Google Drive
 """
@@ -78,11 +80,11 @@ if STORAGE not in ("mount", "api"):
 if IN_COLAB and STORAGE == "api":
     from google.colab import auth
 
-    auth.authenticate_user()  # this runtime's nodes use the credentials of this sign-in
-if IN_COLAB and (STORAGE == "mount" or PACKAGE_SOURCE.startswith(DRIVE_MOUNT)):
+    auth.authenticate_user()  # the one sign-in: this runtime's nodes and the install cell use its credentials
+if IN_COLAB and STORAGE == "mount":
     from google.colab import drive
 
-    drive.mount(DRIVE_MOUNT)  # in api mode only to read PACKAGE_SOURCE
+    drive.mount(DRIVE_MOUNT)
 """
 
 INSTALL = """\
@@ -116,24 +118,91 @@ else:
     remote = source.startswith(("git+", "http://", "https://"))
     if not source or "YOUR-" in source or "<" in source:
         raise ValueError(f"PACKAGE_SOURCE={PACKAGE_SOURCE!r} is a placeholder: {fix}")
-    if not remote and not os.path.exists(source):
+    my_drive = f"{DRIVE_MOUNT.rstrip('/')}/MyDrive"
+    api = STORAGE == "api" and (source.startswith(("gdrive://", my_drive + "/")) or source == my_drive)
+    if api:  # read through the Drive API with the connect cell's sign-in: no mount, no second prompt
+        import json
+
+        import google.auth
+        import googleapiclient
+        from googleapiclient.discovery import build_from_document
+
+        api_url = str(EXTRA_ENV.get("GDRIVE_API_URL") or os.environ.get("GDRIVE_API_URL") or "")
+        credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/drive"])
+        documents = os.path.join(os.path.dirname(googleapiclient.__file__), "discovery_cache", "documents")
+        with open(os.path.join(documents, "drive.v3.json")) as fh:
+            document = json.load(fh)
+        if api_url:
+            document["rootUrl"] = api_url.rstrip("/") + "/"
+        service = build_from_document(document, credentials=credentials)
+        folder_type = "application/vnd.google-apps.folder"
+
+        def children(parent, name=None):
+            quoted = None if name is None else name.replace("\\\\", "\\\\\\\\").replace("'", "\\\\'")
+            query = f"'{parent}' in parents and trashed = false" + (f" and name = '{quoted}'" if name else "")
+            found, page = [], None
+            while True:
+                listed = service.files().list(
+                    q=query, pageToken=page, pageSize=1000, supportsAllDrives=True, includeItemsFromAllDrives=True,
+                    fields="nextPageToken, files(id, name, mimeType, size, md5Checksum, modifiedTime)",
+                ).execute()
+                found += listed.get("files", [])
+                page = listed.get("nextPageToken")
+                if not page:
+                    return found
+
+        if source.startswith("gdrive://"):
+            current, _, rest = source[len("gdrive://") :].partition("/")
+        else:
+            current, rest = "root", source[len(my_drive) :]
+        entry = {"id": current, "name": current, "mimeType": folder_type}
+        for name in [p for p in rest.split("/") if p]:
+            if entry["mimeType"] != folder_type or not (matches := children(entry["id"], name)):
+                raise FileNotFoundError(f"PACKAGE_SOURCE={source!r} does not exist on your Drive ({name!r}): {fix}")
+            entry = matches[0]
+        remote_files = []  # (path in the source, Drive file)
+        if entry["mimeType"] == folder_type:
+            top = {f["name"]: f for f in children(entry["id"])}
+            if not all(p in top for p in ("setup.py", "requirements.txt", "README.md", "swarm_gdrive")):
+                raise ValueError(
+                    f"PACKAGE_SOURCE={source!r} is a folder but not the swarm-gdrive repository (it lacks "
+                    "setup.py, requirements.txt, README.md or swarm_gdrive/): set PACKAGE_SOURCE to the folder "
+                    "that holds setup.py"
+                )
+            remote_files = [(p, top[p]) for p in ("setup.py", "requirements.txt", "README.md")]
+            folders = [("swarm_gdrive", top["swarm_gdrive"]["id"])]
+            while folders:
+                path, folder = folders.pop()
+                for f in children(folder):
+                    if f["mimeType"] == folder_type:
+                        folders.append((f"{path}/{f['name']}", f["id"]))
+                    elif "__pycache__" not in path and not f["name"].endswith(".pyc"):
+                        remote_files.append((f"{path}/{f['name']}", f))
+        elif entry["name"].endswith(".whl"):
+            remote_files = [(entry["name"], entry)]
+        else:
+            raise ValueError(f"PACKAGE_SOURCE={source!r} is a file but not a wheel (.whl): {fix}")
+        seen = [(p, f.get("size"), f.get("md5Checksum") or f.get("modifiedTime")) for p, f in remote_files]
+        files = []
+    elif not remote and not os.path.exists(source):
         unmounted = source.startswith(DRIVE_MOUNT) and not os.path.isdir(os.path.join(DRIVE_MOUNT, "MyDrive"))
         why = " (Drive is not mounted: run the connect cell first)" if unmounted else ""
         raise FileNotFoundError(f"PACKAGE_SOURCE={source!r} does not exist{why}: {fix}")
-    if os.path.isdir(source) and not all(os.path.isfile(os.path.join(source, p)) for p in parts):
+    if not api and os.path.isdir(source) and not all(os.path.isfile(os.path.join(source, p)) for p in parts):
         raise ValueError(
             f"PACKAGE_SOURCE={source!r} is a folder but not the swarm-gdrive repository (it lacks setup.py, "
             "requirements.txt, README.md or swarm_gdrive/): set PACKAGE_SOURCE to the folder that holds setup.py"
         )
-    if os.path.isfile(source) and not source.endswith(".whl"):
+    if not api and os.path.isfile(source) and not source.endswith(".whl"):
         raise ValueError(f"PACKAGE_SOURCE={source!r} is a file but not a wheel (.whl): {fix}")
     # The source as it is now (names, sizes, times): re-running this cell on an unchanged source installs nothing.
-    files = [] if remote else [source] if os.path.isfile(source) else [os.path.join(source, p) for p in parts[:3]]
-    if os.path.isdir(source):
-        files += [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(source, "swarm_gdrive")) for f in fs]
-    top = os.path.dirname(source.rstrip("/"))
-    seen = [(os.path.relpath(f, top), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
-    stamp = hashlib.sha256(repr(sorted(seen)).encode()).hexdigest() if files else None
+    if not api:
+        files = [] if remote else [source] if os.path.isfile(source) else [os.path.join(source, p) for p in parts[:3]]
+        if os.path.isdir(source):
+            files += [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(source, "swarm_gdrive")) for f in fs]
+        top = os.path.dirname(source.rstrip("/"))
+        seen = [(os.path.relpath(f, top), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
+    stamp = hashlib.sha256(repr(sorted(seen)).encode()).hexdigest() if seen else None
     spec = importlib.util.find_spec("swarm_gdrive")
     marker = os.path.join(spec.submodule_search_locations[0], ".installed-from") if spec else ""
     installed = ""
@@ -144,7 +213,15 @@ else:
         print(f"swarm-gdrive is already installed from {source} as it is now: nothing to do")
     else:
         target = source
-        if os.path.isdir(source):  # pip builds a folder where it lies: build a local copy, never in your Drive
+        if api:  # a local copy of the Drive files, then as from a local folder or wheel
+            local = tempfile.mkdtemp(prefix="swarm-gdrive-")
+            for path, f in remote_files:
+                os.makedirs(os.path.dirname(os.path.join(local, path)), exist_ok=True)
+                with open(os.path.join(local, path), "wb") as fh:
+                    fh.write(service.files().get_media(fileId=f["id"], supportsAllDrives=True).execute())
+            target = os.path.join(local, remote_files[0][0]) if len(remote_files) == 1 else local
+            print(f"read {len(remote_files)} files of {source} through the Drive API", flush=True)
+        elif os.path.isdir(source):  # pip builds a folder where it lies: build a local copy, never in your Drive
             ignore = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*cache")
             local = os.path.join(tempfile.mkdtemp(prefix="swarm-gdrive-"), "src")
             target = shutil.copytree(source, local, ignore=ignore)

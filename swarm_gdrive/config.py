@@ -616,6 +616,14 @@ class Config:
         "runtime (Colab recycles idle ones) loses at most this much training; 0 is off (rounds only).",
         _parse_float(0.0, 1e6),
     )
+    stop_checkpoint_min_seconds: float = _env(
+        "STOP_CHECKPOINT_MIN_SECONDS",
+        60.0,
+        "A worker stopped (the stop button, SIGTERM, Ctrl-C, or its coordinator's stop) checkpoints the last round "
+        "it trained before it exits, unless its latest checkpoint already holds that round or is younger than this "
+        "many seconds; 0: always. A second Ctrl-C (the stop button twice) interrupts the save at once.",
+        _parse_float(0.0, 1e9),
+    )
     keep_checkpoints: int = _env(
         "KEEP_CHECKPOINTS", 2, "Checkpoints of this node kept in the shared folder.", _parse_int(1)
     )

@@ -40,7 +40,11 @@ def install_signal_handlers(stop: threading.Event) -> dict[int, Any]:
     def on_signal(signum: int, _frame: object) -> None:
         if stop.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        logger.warning("received %s: finishing the current step, flushing, then stopping", signal.Signals(signum).name)
+        logger.warning(
+            "received %s: finishing the current step, saving a checkpoint (a worker, unless one is under "
+            "STOP_CHECKPOINT_MIN_SECONDS old), flushing, then stopping; Ctrl-C again interrupts at once",
+            signal.Signals(signum).name,
+        )
         stop.set()
 
     return {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}

@@ -74,7 +74,9 @@ def shared_folder(
     api: ``gdrive://<folder id>/<path>``, or a path under ``{drive_mount}/MyDrive`` (or
     ``gdrive://root/...``), which becomes ``gdrive://<id of My Drive>/<path>``: Drive's alias
     ``root`` means a different folder for every account, so it is resolved once, here, with the
-    credentials of ``environ`` (default ``os.environ``).
+    credentials of ``environ`` (default ``os.environ``); the folder (created when missing) has its own
+    id printed, with how to share it (:func:`share_instructions`). Outside Colab any other path
+    (a local folder) is returned as it is.
     """
     path = gdrive_path.strip()
     my_drive = f"{drive_mount.rstrip('/')}/MyDrive"
@@ -100,6 +102,8 @@ def shared_folder(
         folder_id, _, sub = path[len("gdrive://") :].partition("/")
     elif path == my_drive or path.startswith(my_drive + "/"):
         folder_id, sub = "root", path[len(my_drive) :]
+    elif not in_colab():
+        return path  # a local Jupyter: STORAGE chooses how Colab reaches Drive; any other GDRIVE_PATH is used as is
     else:
         raise ValueError(
             f"GDRIVE_PATH={gdrive_path!r} with STORAGE='api': use a folder of My Drive as the mount would show "
@@ -108,25 +112,41 @@ def shared_folder(
         )
     sub = sub.strip("/")
     if folder_id == "root":
-        folder_id = my_drive_id(os.environ if environ is None else environ)
-        print(
-            f"shared folder: My Drive/{sub} through the Drive API (gdrive://{folder_id}/{sub}); runtimes signed in "
-            f"with another account need that folder shared with them and GDRIVE_PATH=gdrive://<its id>",
-            flush=True,
-        )
+        environ = os.environ if environ is None else environ
+        folder_id = my_drive_id(environ)
+        print(f"shared folder: My Drive/{sub} through the Drive API (gdrive://{folder_id}/{sub})", flush=True)
+        if sub:
+            print(share_instructions(f"My Drive/{sub}", shared_folder_id(environ, folder_id, sub)), flush=True)
     return f"gdrive://{folder_id}/{sub}".rstrip("/")
+
+
+def share_instructions(name: str, folder_id: str) -> str:
+    """What the owner of the shared folder ``name`` (id ``folder_id``) does so that another Google account joins."""
+    return (
+        f"to let another Google account join: share {name} with it as Editor (drive.google.com: right-click the "
+        f'folder > Share > its e-mail, role Editor), and send it GDRIVE_PATH = "gdrive://{folder_id}" (this '
+        "folder's own id, the end of its URL) to set in each of its notebooks, with STORAGE = api"
+    )
+
+
+def _drive_service(environ: Mapping[str, str]) -> Any:
+    """A Drive client with the credentials and the endpoint that ``environ`` names (GOOGLE_APPLICATION_CREDENTIALS,
+    GDRIVE_TOKEN_FILE, GDRIVE_API_URL); in Colab, the sign-in's."""
+    from swarm_gdrive.storage.drive import build_service
+
+    return build_service(
+        environ.get("GOOGLE_APPLICATION_CREDENTIALS") or None,
+        environ.get("GDRIVE_TOKEN_FILE") or None,
+        environ.get("GDRIVE_API_URL") or None,
+    )
 
 
 def my_drive_id(environ: Mapping[str, str]) -> str:
     """The id of the signed-in account's My Drive (Drive's alias ``root``), with the credentials and the
     endpoint that ``environ`` names (GOOGLE_APPLICATION_CREDENTIALS, GDRIVE_TOKEN_FILE, GDRIVE_API_URL)."""
-    from swarm_gdrive.storage.drive import DriveError, build_service
+    from swarm_gdrive.storage.drive import DriveError
 
-    service = build_service(
-        environ.get("GOOGLE_APPLICATION_CREDENTIALS") or None,
-        environ.get("GDRIVE_TOKEN_FILE") or None,
-        environ.get("GDRIVE_API_URL") or None,
-    )
+    service = _drive_service(environ)
     try:
         return service.files().get(fileId="root", fields="id", supportsAllDrives=True).execute()["id"]
     except Exception as exc:  # noqa: BLE001 - one call at start-up: say what failed and how to fix it
@@ -134,6 +154,16 @@ def my_drive_id(environ: Mapping[str, str]) -> str:
             f"could not look up My Drive through the Drive API ({type(exc).__name__}: {exc}): sign in again "
             "(the connect cell), or give GDRIVE_PATH as gdrive://<folder id>/<path>"
         ) from exc
+
+
+def shared_folder_id(environ: Mapping[str, str], root_id: str, path: str) -> str:
+    """The id of the folder ``path`` under the folder ``root_id``, created (as a node would create it) when missing:
+    the id another account needs to join."""
+    from swarm_gdrive.storage.drive import DriveStorage
+
+    folder = DriveStorage(root_id, path, service=_drive_service(environ)).folder_id(create=True)
+    assert folder is not None  # created when missing
+    return folder
 
 
 def hub_token_env(secret: str = "HF_TOKEN") -> dict[str, str]:
@@ -343,7 +373,11 @@ def run_node_here(env: Mapping[str, str]) -> int:
             while not done.wait(0.2):
                 pass
         except KeyboardInterrupt:
-            print("interrupted: the node finishes its current step, flushes, then stops", flush=True)
+            print(
+                "interrupted: the node finishes its current step, saves a checkpoint (a worker), flushes, then stops;"
+                " press stop again to interrupt at once",
+                flush=True,
+            )
             stop.set()
             while not done.wait(0.2):
                 pass

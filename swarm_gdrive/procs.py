@@ -51,8 +51,11 @@ class NodeProcess:
         self._reader.join(timeout=5)
         return code
 
-    def terminate(self, timeout: float = 30.0) -> int:
+    def terminate(self, timeout: float = 120.0) -> int:
         """SIGTERM (a clean stop that flushes), then SIGKILL if it has not exited within ``timeout``.
+
+        The default leaves a stopped worker time to save its checkpoint of the last round (a full fine-tune of
+        SmolLM2-135M: a GB or more to the shared folder) before it exits.
 
         Native Windows delivers no SIGTERM: there ``send_signal`` ends the child at once (TerminateProcess), unflushed.
         """
@@ -70,6 +73,6 @@ class NodeProcess:
         return self.wait()
 
 
-def stop_all(processes: list[NodeProcess], timeout: float = 30.0) -> dict[str, int]:
+def stop_all(processes: list[NodeProcess], timeout: float = 120.0) -> dict[str, int]:
     """Stop every process cleanly (workers first, then the rest); returns exit codes by name."""
     return {p.name: p.terminate(timeout) for p in processes}

@@ -273,6 +273,7 @@ def _rollout_rows(exchange: Exchange) -> list[dict]:
 def findings(snapshot: Snapshot, liveness_timeout: float = LIVENESS) -> list[Finding]:
     """Health findings, most severe first: stale heartbeats, missing rewards and rollouts, error events."""
     out: list[Finding] = [Finding("info", "state", _state_summary(snapshot))]
+    out += _coordinator_findings(snapshot)
     out += _heartbeat_findings(snapshot, liveness_timeout)
     out += _missing_reward_findings(snapshot)
     out += _missing_rollout_findings(snapshot)
@@ -297,15 +298,59 @@ def findings(snapshot: Snapshot, liveness_timeout: float = LIVENESS) -> list[Fin
 
 
 def _state_summary(snapshot: Snapshot) -> str:
+    """One line: the state, and the live workers as the coordinator last wrote them, or, once the coordinator is
+    gone (stopped, or its peer file says so), the workers whose own heartbeats are fresh."""
     state = snapshot.state_record
     workers = snapshot.workers()
     if state is None:
         return f"experiment {snapshot.experiment}: no state yet; {len(workers)} worker(s) registered"
-    live = ", ".join(state["live_workers"]) or "none"
+    where = f"round {state['round']} of {state['max_rounds']} ({state['num_stages']} stage(s))"
+    gone = _coordinator_gone(snapshot)
+    if gone is None:
+        live = ", ".join(state["live_workers"]) or "none"
+        return (
+            f"experiment {snapshot.experiment}: {state['status']}, {where}, {len(workers)} worker(s) registered, "
+            f"live workers: {live}"
+        )
+    beating = snapshot.peers[(snapshot.peers["role"] == "worker") & snapshot.peers["alive"]]
+    live = ", ".join(sorted(beating["node"])) or "none"
     return (
-        f"experiment {snapshot.experiment}: {state['status']}, round {state['round']} of {state['max_rounds']} "
-        f"({state['num_stages']} stage(s)), {len(workers)} worker(s) registered, live workers: {live}"
+        f"experiment {snapshot.experiment}: {state['status']}, {where}, coordinator {state['coordinator_id']} "
+        f"{gone}; {len(workers)} worker(s) registered, workers still beating: {live}"
     )
+
+
+def _coordinator_gone(snapshot: Snapshot) -> str | None:
+    """How the experiment's coordinator is gone while the experiment is not finished (None: it is not):
+    it wrote the state ``stopped``, or its peer file says it stopped while the state says running."""
+    state = snapshot.state_record
+    if state is None or state["status"] == "finished":
+        return None
+    if state["status"] == "stopped":
+        return f"stopped {max(0.0, snapshot.now - float(state['updated_at'])):.0f} s ago"
+    peers = snapshot.peers
+    mine = peers[(peers["node"] == state["coordinator_id"]) & (peers["role"] == "coordinator")]
+    if not mine.empty and mine.iloc[0]["status"] == "stopped":
+        return f"stopped {max(0.0, snapshot.now - float(mine.iloc[0]['heartbeat_at'])):.0f} s ago (its peer file)"
+    return None
+
+
+def _coordinator_findings(snapshot: Snapshot) -> list[Finding]:
+    """The coordinator is gone before the experiment finished: say so, and how to go on."""
+    gone = _coordinator_gone(snapshot)
+    if gone is None:
+        return []
+    state = snapshot.state_record
+    assert state is not None
+    return [
+        Finding(
+            "warning",
+            "coordinator_stopped",
+            f"coordinator {state['coordinator_id']} {gone}, at round {state['round']}: no round advances, and the "
+            "workers that followed it checkpoint and exit; start the coordinator again (same GDRIVE_PATH and "
+            "EXPERIMENT_NAME) to resume this round, then the workers (they resume from their checkpoints)",
+        )
+    ]
 
 
 def _heartbeat_findings(snapshot: Snapshot, liveness_timeout: float) -> list[Finding]:

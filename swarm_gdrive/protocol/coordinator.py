@@ -220,6 +220,10 @@ class Coordinator:
         elif state.status == "finished" and state.round < self.config.max_rounds:
             logger.info("extending finished experiment from %d to %d rounds", state.round, self.config.max_rounds)
             state = state.model_copy(update={"status": "running", "round": state.round})
+        elif state.status == "stopped":  # its stop button: the round resumes; round 0 unplayed waits for workers
+            status = "waiting" if state.round == 0 and last is None else "running"
+            logger.info("resuming the experiment stopped at round %d (%s)", state.round, status)
+            state = state.model_copy(update={"status": status})
         state = state.model_copy(
             update={
                 "seq": state.seq + 1,
@@ -438,6 +442,7 @@ class Coordinator:
         self.prepare_rounds(state)
         while state.status != "finished":
             if self.stop.is_set():
+                self._announce_stop(state)
                 raise Stopped()
             now = self.clock()
             if now - checked >= self.config.heartbeat_interval:
@@ -480,6 +485,18 @@ class Coordinator:
                 if state.status == "running":
                     timeout = min(timeout, max(0.0, self.config.coordinator_round_interval - (self.clock() - opened)))
                 self.stop.wait(max(timeout, 0.01))
+
+    def _announce_stop(self, state: StateRecord) -> None:
+        """Write the state as ``stopped`` (seq + 1): the workers that follow the rounds read it, finish their round,
+        checkpoint and exit, instead of waiting COORDINATOR_WAIT_TIMEOUT for a round that will not open."""
+        stopped = state.model_copy(update={"status": "stopped", "seq": state.seq + 1, "updated_at": time.time()})
+        self.exchange.write_state(stopped)
+        message = (
+            f"coordinator {self.node_id} stopped at round {state.round} ({state.status}): workers checkpoint and exit; "
+            "start this coordinator again (same EXPERIMENT_NAME) to resume the round, then the workers"
+        )
+        self.log.event("coordinator_stopped", message, round_=state.round, status=state.status)
+        logger.info("%s", message)
 
     def prepare_rounds(self, state: StateRecord) -> None:
         """Create the folders of the state's round and the next two before workers write into them: one creator,

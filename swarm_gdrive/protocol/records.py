@@ -88,7 +88,9 @@ class StateRecord(_Record):
     experiment: NodeId
     run_id: RunId
     round: Round
-    status: Literal["waiting", "running", "finished"]
+    #: ``stopped``: the coordinator was stopped (its stop button, SIGTERM, Ctrl-C) before the experiment finished;
+    #: a restarted coordinator resumes the round. Workers that were following the rounds checkpoint and exit.
+    status: Literal["waiting", "running", "finished", "stopped"]
     seq: Count
     max_rounds: Annotated[int, Field(ge=1, le=2**63 - 1)]
     num_stages: Annotated[int, Field(ge=1, le=1000)]

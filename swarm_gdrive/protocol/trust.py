@@ -4,9 +4,9 @@ Anyone with write access to the folder can write a valid state file, and nothing
 worker therefore plays a state at once only when an honest coordinator could have written it next: the
 same run as experiment.json, the experiment's coordinator (or one already confirmed), and at most one
 round past the newest state it trusts (the coordinator advances one round at a time) and below its
-``max_rounds``. Any other newer state (a jump, ``finished``, another coordinator) is played only once it has stayed
-in the file for ``confirm_s`` seconds; one that goes away sooner is rejected and never played, so a
-forged state visible for a moment changes nothing. A state of another run ends the worker only when
+``max_rounds``. Any other newer state (a jump, ``finished``, ``stopped``, another coordinator) is played only
+once it has stayed in the file for ``confirm_s`` seconds; one that goes away sooner is rejected and never
+played, so a forged state visible for a moment changes nothing. A state of another run ends the worker only when
 experiment.json names that run too (a real reset); otherwise it is rejected.
 
 The memory works the other way too: when every state the file shows has been older than the trusted
@@ -117,6 +117,8 @@ class StateFollower:
             return f"written by coordinator {state.coordinator_id!r}, not experiment.json's {expected!r}"
         if state.status == "finished":
             return "it finishes the experiment"
+        if state.status == "stopped":
+            return "it says the coordinator stopped"
         if state.round > base + 1:
             return f"round {state.round} is more than one round ahead of round {base}"
         if self.trusted is not None and state.round >= self.trusted.max_rounds:

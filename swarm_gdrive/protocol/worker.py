@@ -47,6 +47,14 @@ class GiveUpError(RuntimeError):
     """The worker cannot go on (coordinator silent, experiment reset); the message says why."""
 
 
+class CoordinatorStoppedError(RuntimeError):
+    """The coordinator this worker followed was stopped: the state it wrote, ``stopped``."""
+
+    def __init__(self, state: StateRecord) -> None:
+        super().__init__(f"coordinator {state.coordinator_id} stopped the experiment at round {state.round}")
+        self.state = state
+
+
 class Worker:
     """Runs rounds for one worker node until the experiment finishes or the node is stopped."""
 
@@ -68,6 +76,8 @@ class Worker:
         self.experiment: ExperimentRecord | None = None
         self.states: StateFollower | None = None
         self._twin: str | None = None  # set when this process stepped down for another one with its NODE_ID
+        self._followed = False  # this process has played by a state that was not ``stopped``
+        self._said_stopped: int | None = None  # the seq of the stopped state whose wait was announced
         self._backend_mark: dict[str, int] = {}
         self._reward: float | None = None  # the last stage's submitted reward
         self._round_seconds: list[float] = []  # the last rounds' lengths: the time left in the round line
@@ -104,7 +114,17 @@ class Worker:
             if self._twin is not None:
                 self.log.event("worker_gave_up", self._twin, level="error")
                 return EXIT_GAVE_UP
-            self.log.event("worker_stopped", "stopped on request")
+            saved = self._checkpoint_on_stop()
+            self.log.event("worker_stopped", "stopped on request" + saved)
+            return EXIT_OK
+        except CoordinatorStoppedError as exc:
+            logger.warning("%s: this worker stops too", exc)
+            saved = self._checkpoint_on_stop()
+            message = (
+                f"{exc}: this worker stopped{saved}. To go on: start coordinator {exc.state.coordinator_id} again "
+                "(same GDRIVE_PATH and EXPERIMENT_NAME), then this worker; it resumes from its latest checkpoint"
+            )
+            self.log.event("coordinator_stopped", message, level="warning", round_=exc.state.round)
             return EXIT_OK
         except RunChangedError as exc:
             message = f"the experiment was reset while this worker ran ({exc}): restart this worker"
@@ -122,6 +142,20 @@ class Worker:
             self.tracking.close()
             self.exchange.close()
             self.workload.close()
+
+    def _checkpoint_on_stop(self) -> str:
+        """Before a stopped worker exits: the workload checkpoints the last round it trained, unless its latest
+        checkpoint holds it or is younger than STOP_CHECKPOINT_MIN_SECONDS; a phrase saying what it saved."""
+        saved = self.workload.checkpoint_on_stop()
+        if saved is None:
+            return ""
+        self.log.event(
+            "checkpoint_on_stop",
+            f"saved a checkpoint of round {saved} before stopping",
+            round_=saved,
+            checkpoint_round=saved,
+        )
+        return f", its training kept in a checkpoint of round {saved}"
 
     def _join(self) -> str:
         """Wait for the experiment to exist, learn its run id, clean up after a killed predecessor."""
@@ -209,6 +243,9 @@ class Worker:
                 return state
             if state is None or state.status == "waiting":
                 return None
+            if state.status == "stopped":
+                return state if self._followed else self._await_restart(state)
+            self._followed = True
             return state if state.status == "finished" or state.round >= target else None
 
         self._state_pacer.expect(*(self.rounds.next_open() or (None, 0.0)))
@@ -216,11 +253,33 @@ class Worker:
         if state is not None and state.status == "running":
             self.rounds.opened(state.round, time.monotonic(), state.round_opened_at)
         if state is None:
+            trusted = self.states.trusted
+            if trusted is not None and trusted.status == "stopped":
+                raise GiveUpError(
+                    f"coordinator {trusted.coordinator_id} stayed stopped for {self.config.coordinator_wait_timeout:g}"
+                    " s (COORDINATOR_WAIT_TIMEOUT): start it again (same GDRIVE_PATH and EXPERIMENT_NAME), then this "
+                    "worker"
+                )
             raise GiveUpError(
                 f"the round state did not reach round {target} in {self.config.coordinator_wait_timeout:g} s:"
                 " is the coordinator running? (raise COORDINATOR_WAIT_TIMEOUT to wait longer)"
             )
         return state
+
+    def _await_restart(self, state: StateRecord) -> None:
+        """A worker that starts while its coordinator is stopped waits for it (the user may be restarting the
+        swarm in any order), and says so once."""
+        if self._said_stopped != state.seq:
+            self._said_stopped = state.seq
+            logger.warning(
+                "coordinator %s is stopped (at round %d, %.0f s ago): waiting up to %g s (COORDINATOR_WAIT_TIMEOUT) "
+                "for it to be started again",
+                state.coordinator_id,
+                state.round,
+                max(0.0, time.time() - state.updated_at),
+                self.config.coordinator_wait_timeout,
+            )
+        return None
 
     def _rounds(self) -> None:
         last = self._local_last_round()
@@ -257,6 +316,8 @@ class Worker:
                 target = self._reconcile(state, target)
                 last = target - 1 if target else None
                 continue
+            if state.status == "stopped":
+                raise CoordinatorStoppedError(state)
             if state.status == "finished":
                 self.log.event("experiment_finished", f"finished after {state.round} rounds", round_=state.round)
                 if last is not None:
@@ -309,6 +370,8 @@ class Worker:
         buffered: list[RolloutBatch] = []
         self.exchange.prefetch_round(round_, state.num_stages)
         for stage in range(state.num_stages):
+            if stage and self.stop.is_set():
+                raise Stopped()
             ctx = StageContext(self.node_id, round_, stage, self.config.seed)
             self._stage(ctx, state, buffered)
         if self.config.rollout_cleanup_enabled:
@@ -368,9 +431,10 @@ class Worker:
         generated = time.monotonic()
         gathered, selection = self._select_externals(ctx, state)
         gathered_at = time.monotonic()
-        train_metrics = self.workload.train(ctx, local, list(selection.chosen))
-        if self.stop.is_set():
+        if self.stop.is_set():  # before the update: the model stays the last round's, which a stop checkpoints
             raise Stopped()
+        train_metrics = self.workload.train(ctx, local, list(selection.chosen))
+        # A stop during the update: the stage is submitted (and a last stage's round ended) before the node stops.
         reward = self._reward = self._submit(ctx, state, local, selection)
         j = self.config.num_transplant_trees
         self.log.metric(

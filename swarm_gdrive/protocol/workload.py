@@ -62,6 +62,11 @@ class Workload(Protocol):
         """After a round (``final``: the experiment finished): checkpoint when due; returns metrics."""
         ...
 
+    def checkpoint_on_stop(self) -> int | None:
+        """Before a stopped worker exits: checkpoint the last round trained, unless the latest checkpoint holds it
+        or is younger than STOP_CHECKPOINT_MIN_SECONDS; the round saved, or None."""
+        ...
+
     def close(self) -> None:
         """Release resources."""
         ...
@@ -152,6 +157,9 @@ class SyntheticWorkload:
 
     def end_round(self, round_: int, final: bool) -> dict[str, float]:
         return {}
+
+    def checkpoint_on_stop(self) -> int | None:
+        return None  # no model: nothing to keep
 
     def close(self) -> None:
         pass

@@ -455,6 +455,11 @@ class DriveStorage:
                 if not found and create:
                     with self._root_guard(current[0]):
                         found = [self._create_folder(current[0], name)]
+    def folder_id(self, create: bool = False) -> str | None:
+        """The id of the folder this storage addresses (its prefix under the root; the oldest of duplicates),
+        created first when ``create``; None when it does not exist. What another account needs to join."""
+        return self._folder(self.prefix, create) if self.prefix else self.root_folder_id
+
                 if not found:
                     return []
                 self._remember_folders(key, found)
@@ -1015,9 +1020,10 @@ def build_service(
     auth: dict[str, Any]
     if http is not None:
         auth = {"http": http}
-    elif api_url is not None and not (credentials_file or token_file):
+    elif api_url is not None and not (credentials_file or token_file) and not _in_colab():
         # Another endpoint (a proxy, the test emulator) and no key: do not look for Google's default
-        # credentials, which would probe the cloud metadata server.
+        # credentials, which would probe the cloud metadata server. In Colab the sign-in's credentials are
+        # there (find_credentials): a proxy there carries them.
         from google.auth.credentials import AnonymousCredentials
 
         logger.warning("GDRIVE_API_URL is set and no credentials are: talking to %s anonymously", api_url)
@@ -1040,6 +1046,7 @@ def _key_file_credentials(path: str) -> Any:
     from google.oauth2 import credentials as user_credentials
     from google.oauth2 import service_account
 
+    _quiet_per_request_timeout_warning()
     try:
         with open(path, encoding="utf-8") as fh:
             kind = json.load(fh).get("type")
@@ -1062,6 +1069,38 @@ def find_credentials(credentials_file: str | None, token_file: str | None) -> An
 
     if credentials_file:
         return _key_file_credentials(credentials_file)
+def _in_colab() -> bool:
+    """A Colab runtime (``google.colab`` importable): its sign-in's credentials are the default ones."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("google.colab") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class _PerRequestTimeoutFilter(logging.Filter):
+    """Drops google-auth-httplib2's "httplib2 transport does not support per-request timeout" warning.
+
+    google-auth passes a timeout to the transport on some of its own requests (refreshing or probing the
+    credentials); httplib2 takes its timeout when the connection is made instead, which googleapiclient does
+    (``build_http``: 60 s, or ``socket.getdefaulttimeout()``), so every request of this client has one. The
+    warning (4-6 a notebook in Colab, shown red as stderr) reads like an error and asks nothing of the user.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "does not support per-request timeout" not in record.getMessage()
+
+
+_TIMEOUT_FILTER = _PerRequestTimeoutFilter()
+
+
+def _quiet_per_request_timeout_warning() -> None:
+    log = logging.getLogger("google_auth_httplib2")
+    if _TIMEOUT_FILTER not in log.filters:
+        log.addFilter(_TIMEOUT_FILTER)
+
+
     if token_file:
         from google.oauth2.credentials import Credentials
 

@@ -92,6 +92,15 @@ def _stats(prefix: str, values: list[float]) -> dict[str, float]:
     }
 
 
+def stop_checkpoint_due(trained: int | None, saved: int | None, age_s: float | None, min_age_s: float) -> bool:
+    """Whether a stopped worker checkpoints before it exits: it trained a round (``trained``) that its latest
+    checkpoint (of round ``saved``, written ``age_s`` seconds ago; None: not by this process) does not hold, and
+    that checkpoint is at least ``min_age_s`` (STOP_CHECKPOINT_MIN_SECONDS) old."""
+    if trained is None or trained == saved:
+        return False
+    return age_s is None or age_s >= min_age_s
+
+
 class GRPOWorkload:
     """GRPO + SAPO on reasoning-gym with one model on one device."""
 
@@ -158,6 +167,8 @@ class GRPOWorkload:
         self._generation: dict[str, float] = {}
         self._last_checkpoint: int | None = None
         self._checkpointed_at = time.monotonic()  # the model is the one loaded (or restored) until it trains
+        self._saved_at: float | None = None  # when this process last wrote a checkpoint (monotonic)
+        self._trained_round: int | None = None  # the round of the last update
         self.restored_digest: str | None = None
         self.trained_or_restored = False
         self._last_push: int | None = None
@@ -234,6 +245,7 @@ class GRPOWorkload:
         outside = [self._external_group(g) for g in external]
         groups = [self._local_group(g) for g in local] + [group for group, _ in outside]
         metrics = self.trainer.step(groups)
+        self._trained_round = ctx.round
         metrics.update(external_metrics([r for _, received in outside for r in received]))
         local_rewards = [r for g in local for r in g.rewards]
         external_rewards = [r for g in external for r in g.rewards]
@@ -425,19 +437,7 @@ class GRPOWorkload:
         due = (round_ + 1) % self.config.checkpoint_interval == 0 or overdue or final
         if due and self._last_checkpoint != round_:
             started = time.monotonic()
-            checkpoint.save(
-                self.storage,
-                self.layout,
-                self.node_id,
-                round_,
-                self.trainer.model,
-                self.trainer.tokenizer,
-                self.trainer.optimizer,
-                self.config.keep_checkpoints,
-                extra={"curriculum": dict(self.bank.current_level)},
-            )
-            self._last_checkpoint = round_
-            self._checkpointed_at = time.monotonic()
+            self._save(round_)
             metrics["checkpoint/seconds"] = time.monotonic() - started
         token = self.config.huggingface_access_token
         due_push = (round_ + 1) % self.config.hub_push_interval == 0 or final
@@ -455,6 +455,42 @@ class GRPOWorkload:
                 )
             )
         return metrics
+
+    def checkpoint_on_stop(self) -> int | None:
+        """Before a stopped worker exits: a checkpoint of the last round trained (:func:`stop_checkpoint_due`)."""
+        age = None if self._saved_at is None else time.monotonic() - self._saved_at
+        round_ = self._trained_round
+        if not stop_checkpoint_due(round_, self._last_checkpoint, age, self.config.stop_checkpoint_min_seconds):
+            if round_ is not None and round_ != self._last_checkpoint:
+                logger.info(
+                    "stopping: round %d not checkpointed, the checkpoint of round %s is %.0f s old "
+                    "(younger than STOP_CHECKPOINT_MIN_SECONDS=%g)",
+                    round_,
+                    self._last_checkpoint,
+                    age or 0.0,
+                    self.config.stop_checkpoint_min_seconds,
+                )
+            return None
+        assert round_ is not None
+        logger.info("stopping: saving a checkpoint of round %d first (the stop button again interrupts it)", round_)
+        self._save(round_)
+        return round_
+
+    def _save(self, round_: int) -> None:
+        """A checkpoint of ``round_`` in the shared folder; the older ones beyond KEEP_CHECKPOINTS pruned."""
+        checkpoint.save(
+            self.storage,
+            self.layout,
+            self.node_id,
+            round_,
+            self.trainer.model,
+            self.trainer.tokenizer,
+            self.trainer.optimizer,
+            self.config.keep_checkpoints,
+            extra={"curriculum": dict(self.bank.current_level)},
+        )
+        self._last_checkpoint = round_
+        self._checkpointed_at = self._saved_at = time.monotonic()
 
     def close(self) -> None:
         self._local_ids.clear()

@@ -217,19 +217,34 @@ def drive_storage(emu: DriveEmulator, prefix: str):
     return DriveStorage(emu.my_drive_id, prefix, service=service)
 
 
+def upload_package(emu: DriveEmulator, wheel: Path, tmp_path: Path) -> None:
+    """What a user copies to My Drive, there through the API: the repository folder (the notebooks' default
+    PACKAGE_SOURCE: setup.py, requirements.txt, README.md, swarm_gdrive/) and the wheel."""
+    repository = copy_repository(tmp_path / "upload" / "swarm-gdrive")
+    storage = drive_storage(emu, "swarm-gdrive")
+    for path in repository.rglob("*"):
+        relative = path.relative_to(repository)
+        if path.is_file() and (relative.parts[0] == "swarm_gdrive" or len(relative.parts) == 1):
+            storage.write_bytes(relative.as_posix(), path.read_bytes())
+    drive_storage(emu, "").write_bytes(wheel.name, wheel.read_bytes())
+
+
 @COLD_BUILD
 def test_api_mode_signs_in_and_the_nodes_and_readers_use_the_drive_api(colab, wheel, tmp_path):
-    """STORAGE=api in three runtimes (coordinator, worker, monitoring): each signs in through Colab, the shared
-    folder named as on the mount (My Drive/rl-swarm) is reached through the API, every request carries the
-    sign-in's token (the emulator answers 401 to any other), nothing is written through the mount (which only
-    serves PACKAGE_SOURCE, a wheel), and the monitoring notebook's status, report and dashboard read the API."""
+    """STORAGE=api (the notebooks' default) in three runtimes (coordinator, worker, monitoring): each signs in
+    through Colab once and mounts nothing: the install cell reads PACKAGE_SOURCE (the repository folder, then the
+    wheel) through the Drive API with that sign-in, the shared folder named as on the mount (My Drive/rl-swarm)
+    is reached through the API, every request carries the sign-in's token (the emulator answers 401 to any other,
+    also through GDRIVE_API_URL, a proxy), the folder's own id is printed with how to share it, no warning reads
+    like an error, and the monitoring notebook's status, report and dashboard read the API."""
     from swarm_gdrive.protocol.records import StateRecord, decode
 
     with DriveEmulator() as emu:
         emu.accept_token(SIGN_IN_TOKEN)
+        upload_package(emu, wheel, tmp_path)
+        uploaded = len(emu.authorizations)  # the test's own requests, with a token of its own
         drive = tmp_path / "drive"
         (drive / "MyDrive").mkdir(parents=True)
-        (drive / "MyDrive" / wheel.name).write_bytes(wheel.read_bytes())
         runtimes = {
             role: ColabRuntime(
                 colab, tmp_path / f"{role}-runtime", drive, token_uri=emu.token_uri, access_token=SIGN_IN_TOKEN
@@ -244,7 +259,7 @@ def test_api_mode_signs_in_and_the_nodes_and_readers_use_the_drive_api(colab, wh
             "coordinator.ipynb",
             MIN_WORKERS=1,
             SWARM_LOCAL_DIR=str(rt.root / "local"),
-            **storage_params(rt, wheel.name, "api"),
+            **storage_params(rt, "swarm-gdrive", "api"),
             **common,
         )
         wait_for(lambda: any(f["name"] == "experiment.json" for f in emu.files()), 240, "the coordinator's start", box)
@@ -254,7 +269,7 @@ def test_api_mode_signs_in_and_the_nodes_and_readers_use_the_drive_api(colab, wh
             NODE_ID="worker-1",
             DEVICE="cpu",
             SWARM_LOCAL_DIR=str(rt.root / "local"),
-            **storage_params(rt, wheel.name, "api"),
+            **storage_params(rt, "swarm-gdrive", "api"),
             **common,
         )
         coordinator = finish(thread, box)
@@ -267,9 +282,9 @@ def test_api_mode_signs_in_and_the_nodes_and_readers_use_the_drive_api(colab, wh
             REFRESH_SECONDS=0.5,
             DASHBOARD_MINUTES=0.04,
             EXTRA_ENV=common["EXTRA_ENV"],
-            **storage_params(rt, wheel.name, "api"),
+            **storage_params(rt, wheel.name, "api"),  # the wheel this time: read through the API and installed
         )
-        assert emu.authorizations and set(emu.authorizations) == {f"Bearer {SIGN_IN_TOKEN}"}
+        assert set(emu.authorizations[uploaded:]) == {f"Bearer {SIGN_IN_TOKEN}"}
         storage = drive_storage(emu, "rl-swarm")
         state = decode(storage.read_bytes("experiments/pair/state/current_state.json"), StateRecord)
         assert (state.status, state.round) == ("finished", 2)
@@ -279,13 +294,23 @@ def test_api_mode_signs_in_and_the_nodes_and_readers_use_the_drive_api(colab, wh
         worker
     )
     assert f"through the Drive API (gdrive://{emu.my_drive_id}/rl-swarm)" in output_text(coordinator)
+    (folder,) = [f for f in emu.files() if f["name"] == "rl-swarm"]
+    for nb in (coordinator, worker):  # what a second account needs: the folder's own id, and how to share it
+        assert "share My Drive/rl-swarm with it as Editor" in output_text(nb)
+        assert f'GDRIVE_PATH = "gdrive://{folder["id"]}"' in output_text(nb)
     assert "worker-1" in cell_output(coordinator, "notebook.show_summary(env)")
-    assert not (drive / "MyDrive" / "rl-swarm").exists()  # the mount served only the wheel
-    for runtime in runtimes.values():
+    assert not (drive / "MyDrive" / "rl-swarm").exists()
+    for runtime in runtimes.values():  # one sign-in, no mount: one permission prompt
         assert len(runtime.calls("auth.authenticate_user")) == 1
-        assert [c["mountpoint"] for c in runtime.calls("drive.mount")] == [str(runtime.mount)]
-    assert f"from {runtimes['coordinator'].my_drive / wheel.name}" in cell_output(coordinator, "#@title Install")
+        assert runtime.calls("drive.mount") == []
+    source = runtimes["coordinator"].my_drive / "swarm-gdrive"
+    installed = cell_output(coordinator, "#@title Install")
+    assert "through the Drive API" in installed and f"installed swarm-gdrive 0.1.0 from {source}" in installed
+    assert "is already installed from" in cell_output(worker, "#@title Install")  # the same files, listed again
+    assert f"from {runtimes['monitor'].my_drive / wheel.name}" in cell_output(monitor, "#@title Install")
     assert colab.changed_preinstalled() == {}
+    for nb in (coordinator, worker, monitor):  # no warning that reads like an error
+        assert "per-request timeout" not in output_text(nb) and "anonymously" not in output_text(nb)
 
     # The monitoring notebook read the same folder through the API.
     text = output_text(monitor)

@@ -36,9 +36,10 @@ def test_every_notebook_starts_with_parameters_then_connect_then_install_and_ask
         nb = json.loads((NOTEBOOKS / name).read_text())
         params, connect, installs = code_cells(name)[:3]
         assert params["metadata"]["tags"] == ["parameters"], name
-        assert 'STORAGE = "mount"  #@param ["mount", "api"]' in source(params), name
+        assert 'STORAGE = "api"  #@param ["api", "mount"]' in source(params), name  # docs/colab.md: why api
         assert "PACKAGE_SOURCE = " in source(params) and "YOUR-ACCOUNT" not in source(params), name
         assert "drive.mount(DRIVE_MOUNT)" in source(connect) and "auth.authenticate_user()" in source(connect)
+        assert 'if IN_COLAB and STORAGE == "mount":' in source(connect), name  # api mode: one sign-in, no mount
         assert "import google.colab" in source(connect)
         core = source(installs).split("\nfrom swarm_gdrive import notebook")[0]
         assert install in (None, core), f"{name}: its install cell differs from the others'"
@@ -65,11 +66,11 @@ def test_worker_notebooks_take_node_id_checkpoint_minutes_and_the_hub_secret():
 
 
 def run_install_cell(package_source: str, drive_mount: str = "/nonexistent/drive") -> None:
-    """The install cell of worker.ipynb as written, as Colab would run it (IN_COLAB), up to pip."""
+    """The install cell of worker.ipynb as written, as Colab would run it (IN_COLAB, mount mode), up to pip."""
     code = source(code_cells("worker.ipynb")[2])
     exec(
         compile(code, "install-cell", "exec"),
-        {"IN_COLAB": True, "PACKAGE_SOURCE": package_source, "DRIVE_MOUNT": drive_mount},
+        {"IN_COLAB": True, "PACKAGE_SOURCE": package_source, "DRIVE_MOUNT": drive_mount, "STORAGE": "mount"},
     )
 
 
@@ -137,15 +138,22 @@ def test_api_mode_resolves_my_drive_to_its_id_with_the_environment_credentials(t
         env = {"GDRIVE_TOKEN_FILE": str(token), "GDRIVE_API_URL": emu.root_url}
         resolved = notebook.shared_folder("api", "/content/drive/MyDrive/rl-swarm/", "/content/drive", env)
         assert resolved == f"gdrive://{emu.my_drive_id}/rl-swarm"
+        out = capsys.readouterr().out
+        assert f"through the Drive API (gdrive://{emu.my_drive_id}/rl-swarm)" in out
+        # The folder's own id (created now), what a second account needs, and how to share it.
+        (folder,) = [f for f in emu.files() if f["name"] == "rl-swarm"]
+        assert folder["parents"] == [emu.my_drive_id] and folder["id"] != emu.my_drive_id
+        assert "share My Drive/rl-swarm with it as Editor" in out and f'GDRIVE_PATH = "gdrive://{folder["id"]}"' in out
+        again = notebook.shared_folder("api", "/content/drive/MyDrive/rl-swarm", "/content/drive", env)
+        assert again == resolved and [f["id"] for f in emu.files() if f["name"] == "rl-swarm"] == [folder["id"]]
         assert notebook.shared_folder("api", "gdrive://root", "/content/drive", env) == f"gdrive://{emu.my_drive_id}"
-        assert emu.authorizations == ["Bearer signed-in"] * 2
-        assert f"through the Drive API (gdrive://{emu.my_drive_id}/rl-swarm)" in capsys.readouterr().out
+        assert set(emu.authorizations) == {"Bearer signed-in"}
         calls = len(emu.requests)
         shared = "gdrive://0123456789abcdefghij/sub/dir"
         assert notebook.shared_folder("api", shared, "/content/drive", env) == shared  # an id: no request
         assert len(emu.requests) == calls
-    with pytest.raises(ValueError, match="with STORAGE='api': use a folder of My Drive"):
-        notebook.shared_folder("api", str(tmp_path), "/content/drive", env)
+    # Outside Colab (a local Jupyter) any other GDRIVE_PATH is used as it is: STORAGE is about Colab's Drive.
+    assert notebook.shared_folder("api", str(tmp_path), "/content/drive", env) == str(tmp_path)
 
 
 def test_node_env_keeps_the_small_model_settings_but_not_the_demo_checkpoint_interval(tmp_path):
@@ -255,3 +263,33 @@ def test_test_mode_replaces_the_notebooks_own_values_with_the_test_preset(tmp_pa
     capsys.readouterr()
     assert notebook.node_env(str(tmp_path), "x", TEST_MODE=False, **form)["MAX_ROUNDS"] == "20"
     assert "TEST_MODE" not in capsys.readouterr().out
+
+
+def test_in_colab_a_drive_api_proxy_carries_the_sign_in_and_the_timeout_warning_is_quiet(
+    standin_colab, tmp_path, monkeypatch, caplog
+):
+    """GDRIVE_API_URL set (a proxy; here the emulator) and no key file: in Colab the node signs in with Colab's
+    credentials instead of talking anonymously (the emulator answers 401 to that); google-auth-httplib2's
+    per-request-timeout warning is filtered. In Colab a GDRIVE_PATH neither on My Drive nor gdrive:// is refused."""
+    import logging
+
+    import google_auth_httplib2
+
+    with DriveEmulator() as emu:
+        emu.accept_token("colab-sign-in")
+        monkeypatch.setenv("DATALAB_ROOT", str(tmp_path))
+        monkeypatch.setenv("COLAB_STANDIN_TOKEN_URI", emu.token_uri)
+        monkeypatch.setenv("COLAB_STANDIN_ACCESS_TOKEN", "colab-sign-in")
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "")  # restored afterwards; the sign-in sets it
+        monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
+        env = {"GDRIVE_API_URL": emu.root_url}
+        caplog.set_level(logging.WARNING)
+        assert notebook.my_drive_id(env) == emu.my_drive_id
+        assert emu.authorizations == ["Bearer colab-sign-in"]
+        assert "anonymously" not in caplog.text
+        google_auth_httplib2.Request(google_auth_httplib2.httplib2.Http(timeout=5))(
+            f"{emu.root_url}drive/v3/about", timeout=5
+        )
+        assert "per-request timeout" not in caplog.text
+    with pytest.raises(ValueError, match="with STORAGE='api': use a folder of My Drive"):
+        notebook.shared_folder("api", str(tmp_path), "/content/drive", env)
