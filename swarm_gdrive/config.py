@@ -30,6 +30,8 @@ WORKLOADS = ("grpo", "synthetic")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 #: WEIGHT_DTYPE's values (training.policy.pick_weight_dtype).
 WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16")
+#: CHECKPOINT_OPTIMIZER: how a checkpoint stores AdamW's moments (training/checkpoint.py).
+CHECKPOINT_OPTIMIZERS = ("auto", "bf16", "fp32", "none")
 #: The GRPO losses and advantage scalings (TRL's names); training.grpo implements exactly these.
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
@@ -625,7 +627,22 @@ class Config:
         _parse_float(0.0, 1e9),
     )
     keep_checkpoints: int = _env(
-        "KEEP_CHECKPOINTS", 2, "Checkpoints of this node kept in the shared folder.", _parse_int(1)
+        "KEEP_CHECKPOINTS",
+        1,
+        "Whole checkpoints of this node kept in the shared folder. 1: the newest (the one before it is removed only "
+        "once the newest is complete, so an interrupted save never costs it); 2 keeps one more to fall back to, at "
+        "twice the space (docs/storage.md).",
+        _parse_int(1),
+    )
+    checkpoint_optimizer: str = _env(
+        "CHECKPOINT_OPTIMIZER",
+        "auto",
+        "auto, bf16, fp32 or none: how a checkpoint stores AdamW's two moments per trained weight (the weights "
+        "themselves always in their own dtype). bf16: half their bytes (SmolLM2-135M's full fine-tune: 1.08 GB a "
+        "checkpoint instead of 1.62 GB), restored to fp32, the step counts exact; fp32: exact; none: the weights "
+        "alone (542 MB), and a resume starts AdamW afresh (its moments and warmup). auto: bf16 for a full "
+        "fine-tune, fp32 with LoRA (the adapters' state is small).",
+        _parse_choice(CHECKPOINT_OPTIMIZERS),
     )
     device: str = _env(
         "DEVICE",

@@ -15,6 +15,7 @@ unit tests check them against the bundled discovery document):
 - ``DELETE /drive/v3/files/{fileId}``        files.delete (a folder takes its descendants along)
 - ``POST   /upload/drive/v3/files``          files.create with ``uploadType=media|multipart|resumable``
 - ``PATCH  /upload/drive/v3/files/{fileId}`` files.update with ``uploadType=media|multipart|resumable``
+- ``GET    /drive/v3/about``                 about.get (``storageQuota``: ``set_storage_quota``)
 - ``PUT`` on a resumable session URI (``...?uploadType=resumable&upload_id=...``, as Drive hands out)
 - the discovery document's ``/resumable/upload/drive/v3/files[/{fileId}]`` paths are served too
 
@@ -35,8 +36,9 @@ every change bumps ``version``.
 
 Operational hazards, each behind a switch: a resumable chunk or a ranged download that fails midway
 (``fail_transfer``), a member role that may not delete (``member_role``: Drive's Content manager),
-quota refusals of each cause (``quota_exceeded``), a token endpoint that fails or drops
-(``fail_token_next``, ``drop_token_next``), a slow link (``transfer_bytes_per_s``, besides
+quota refusals of each cause (``quota_exceeded``), an account's storage quota that fills up
+(``set_storage_quota``: about.get reports it, and content past it is refused as Drive refuses it), a token
+endpoint that fails or drops (``fail_token_next``, ``drop_token_next``), a slow link (``transfer_bytes_per_s``, besides
 ``call_latency_s``). Bytes moved by chunked transfers are counted (``transfer_bytes``).
 
 Credentials: every request's Authorization header is recorded (``authorizations``); ``POST /token``
@@ -115,6 +117,7 @@ ROUTES: dict[str, Route] = {
         frozenset({"addParents", "removeParents", "keepRevisionForever"} | _SHARED_DRIVE_FLAGS),
     ),
     "files.delete": Route("DELETE", "/drive/v3/files/{fileId}", frozenset(_SHARED_DRIVE_FLAGS)),
+    "about.get": Route("GET", "/drive/v3/about", frozenset()),
 }
 # Upload paths of the methods that take media, keyed like the discovery document's mediaUpload.protocols.
 MEDIA_ROUTES: dict[str, dict[str, str]] = {
@@ -643,6 +646,8 @@ class DriveEmulator:
         self._transfer_faults: dict[str, list[int | tuple[int, str]]] = {"upload": [], "download": []}
         self.transfer_bytes = {"upload": 0, "download": 0}  # bytes of resumable chunks and ranged downloads
         self._quota_exceeded: str | None = None
+        self._storage_limit: int | None = None  # None: no limit (about.get then has none)
+        self._used_elsewhere = 0  # bytes of the account's Gmail and Photos, beside Drive's files
         self._member_role = "organizer"
         self._transfer_bytes_per_s = 0.0
         self._duplicate_creates = False
@@ -790,6 +795,28 @@ class DriveEmulator:
             raise ValueError(f"quota_exceeded must be None or one of {sorted(QUOTA_CAUSES)}, not {cause!r}")
         with self._lock:
             self._quota_exceeded = cause
+
+    def set_storage_quota(self, limit: int | None, used_elsewhere: int = 0) -> None:
+        """The account's storage quota as about.get reports it: ``limit`` bytes (None: unlimited), of which
+        ``used_elsewhere`` are taken by Gmail and Photos; every file's content counts too, trashed ones included
+        (as on Drive, until they are deleted for good). A create or update whose content would take the usage
+        past the limit is refused with Drive's 403 storageQuotaExceeded."""
+        with self._lock:
+            self._storage_limit = None if limit is None else int(limit)
+            self._used_elsewhere = int(used_elsewhere)
+
+    def storage_usage(self) -> tuple[int, int]:
+        """Bytes of every file's content in this Drive, and of those in the trash."""
+        with self._lock:
+            files = [f for f in self._files.values() if f.data is not None]
+            return sum(len(f.data) for f in files), sum(len(f.data) for f in files if self._is_trashed(f))
+
+    def _check_room(self, added: int) -> None:
+        if self._storage_limit is None or added <= 0:
+            return
+        in_drive, _ = self.storage_usage()
+        if self._used_elsewhere + in_drive + added > self._storage_limit:
+            raise _fault_error(403, "storageQuotaExceeded")
 
     def fail_transfer(
         self, kind: str, after: int, count: int = 1, status: int = 503, reason: str = "backendError"
@@ -1029,8 +1056,23 @@ class DriveEmulator:
             status, reason, message, _ = QUOTA_CAUSES[cause]
             raise _fault_error(status, reason, message)
 
+    def _h_about(self, request: _Request) -> _Response:
+        if not request.query.get("fields"):  # Drive's answer to an about.get without fields
+            raise _invalid("The 'fields' parameter is required for this method.", "fields")
+        in_drive, in_trash = self.storage_usage()
+        quota = {
+            "usage": str(self._used_elsewhere + in_drive),
+            "usageInDrive": str(in_drive),
+            "usageInDriveTrash": str(in_trash),
+        }
+        if self._storage_limit is not None:
+            quota["limit"] = str(self._storage_limit)
+        about = {"kind": "drive#about", "storageQuota": quota, "user": {"kind": "drive#user", "me": True}}
+        return _json_response(200, select_fields(about, parse_fields(request.query["fields"])))
+
     def _create(self, meta: dict, data: bytes | None, media_type: str | None) -> _File:
         self._check_quota("create")
+        self._check_room(len(data or b""))
         self._check_writable(meta, {"name", "mimeType", "parents", "modifiedTime", "createdTime"})
         name = meta.get("name", "Untitled")
         if not isinstance(name, str):
@@ -1052,6 +1094,8 @@ class DriveEmulator:
     def _update(self, file_id: str, meta: dict, query: dict[str, str], data: bytes | None) -> _File:
         f = self._get(file_id)
         self._check_writable(meta, {"name", "mimeType", "modifiedTime", "trashed"})
+        if data is not None:
+            self._check_room(len(data) - len(f.data or b""))
         if "name" in meta:
             if not isinstance(meta["name"], str):
                 raise _invalid("Invalid Value", "name")
@@ -1121,6 +1165,7 @@ class DriveEmulator:
             ("files.create", self._h_create),
             ("files.update", self._h_update),
             ("files.delete", self._h_delete),
+            ("about.get", self._h_about),
         ]
         table = [(ROUTES[name].http_method, _template_regex(ROUTES[name].path), name, fn) for name, fn in api]
         uploads = [("files.create", self._h_upload_create), ("files.update", self._h_upload_update)]

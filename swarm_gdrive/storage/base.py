@@ -157,6 +157,27 @@ def prefetch_folders(storage: Storage, folders: list[str]) -> None:
         prefetch(folders)
 
 
+@dataclass(frozen=True)
+class Space:
+    """Room left for writes where a backend can tell (its ``free_space()``): bytes free (None: no limit known),
+    the total, and where (an account, a file system), for messages."""
+
+    free: int | None
+    total: int | None
+    where: str
+    #: Bytes in Drive's trash that still count against ``total`` (None: not known).
+    trash: int | None = None
+    #: True where a delete moves the file to Drive's trash instead of freeing its bytes (a mounted Drive).
+    deletes_to_trash: bool = False
+
+
+def free_space(storage: Storage) -> Space | None:
+    """The backend's :class:`Space` (its optional ``free_space``); None where it cannot tell. Optional: an object
+    store has no quota to read; Drive answers ``about.get``, a local or mounted folder its file system."""
+    get = getattr(storage, "free_space", None)
+    return None if get is None else get()
+
+
 def make_dirs(storage: Storage, folder: str) -> bool:
     """Create ``folder`` ahead of the writes into it, where the backend can (its ``make_dirs``); False where it
     cannot. Optional: every write creates its own folders anyway; a backend gains from it when creating a folder

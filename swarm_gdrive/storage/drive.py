@@ -55,6 +55,7 @@ from swarm_gdrive.storage.base import (
     DEFAULT_MAX_READ_BYTES,
     FileInfo,
     FileTooLargeError,
+    Space,
     StorageError,
     StorageUnavailableError,
     is_temporary,
@@ -277,6 +278,7 @@ class DriveStorage:
         self._own_by_path: dict[str, _Entry] = {}  # storage path -> the same entry
         self._appended: dict[str, bytes] = {}  # own append-only files: content, so an append is one upload
         self._warned: set[str] = set()
+        self._shared_drive: bool | None = None  # the root lies in a shared drive (learnt by free_space)
         self.counters = {
             "api_calls": 0,
             "bytes_up": 0,
@@ -414,6 +416,32 @@ class DriveStorage:
                 f"{self.location}: the folder {meta.get('name')!r} is in Drive's trash: restore it, or use another"
             )
 
+    def free_space(self) -> Space | None:
+        """The signed-in account's room (``about.get`` storageQuota: limit minus usage, with what its trash holds);
+        None for a folder in a shared drive (its files count against the organisation's pool, not the account)
+        and for an account without a limit (free is then None). OSError as any call's."""
+        with self._lock:
+            shared = self._shared_drive
+        if shared is None:
+            meta = self._call(
+                lambda: self.service.files().get(**_ALL_DRIVES, fileId=self.root_folder_id, fields="id,driveId")
+            )
+            shared = bool(meta.get("driveId"))
+            with self._lock:
+                self._shared_drive = shared
+        if shared:
+            return None
+        about = self._call(lambda: self.service.about().get(fields="storageQuota"))
+        quota = about.get("storageQuota") or {}
+
+        def number(key: str) -> int | None:
+            value = quota.get(key)
+            return int(value) if isinstance(value, (str, int)) and str(value).isdigit() else None
+
+        limit, usage = number("limit"), number("usage")
+        free = None if limit is None or usage is None else max(0, limit - usage)
+        return Space(free, limit, f"the Google Drive of {self.account}", trash=number("usageInDriveTrash"))
+
     # -- folders -----------------------------------------------------------------------------
 
     def _parts(self, path: str) -> list[str]:
@@ -426,6 +454,11 @@ class DriveStorage:
         """The folder that writes go to: the oldest at ``parts``, created (idempotently) if asked."""
         ids = self._folder_ids(parts, create)
         return ids[0] if ids else None
+
+    def folder_id(self, create: bool = False) -> str | None:
+        """The id of the folder this storage addresses (its prefix under the root; the oldest of duplicates),
+        created first when ``create``; None when it does not exist. What another account needs to join."""
+        return self._folder(self.prefix, create) if self.prefix else self.root_folder_id
 
     def _folder_ids(self, parts: list[str], create: bool = False) -> list[str]:
         """Every folder at ``parts``, oldest first: a race (or a lagging listing) can make duplicates,
@@ -455,11 +488,6 @@ class DriveStorage:
                 if not found and create:
                     with self._root_guard(current[0]):
                         found = [self._create_folder(current[0], name)]
-    def folder_id(self, create: bool = False) -> str | None:
-        """The id of the folder this storage addresses (its prefix under the root; the oldest of duplicates),
-        created first when ``create``; None when it does not exist. What another account needs to join."""
-        return self._folder(self.prefix, create) if self.prefix else self.root_folder_id
-
                 if not found:
                     return []
                 self._remember_folders(key, found)
@@ -1017,6 +1045,7 @@ def build_service(
     an already authorized ``httplib2.Http`` (PyDrive2's)."""
     from googleapiclient.discovery import build, build_from_document
 
+    _quiet_per_request_timeout_warning()
     auth: dict[str, Any]
     if http is not None:
         auth = {"http": http}
@@ -1040,35 +1069,6 @@ def build_service(
     return build_from_document(doc, **auth)
 
 
-def _key_file_credentials(path: str) -> Any:
-    """A service account's key or an authorized-user file, by its ``type``. Other kinds (external accounts
-    run a command to get a token) are refused rather than loaded generically."""
-    from google.oauth2 import credentials as user_credentials
-    from google.oauth2 import service_account
-
-    _quiet_per_request_timeout_warning()
-    try:
-        with open(path, encoding="utf-8") as fh:
-            kind = json.load(fh).get("type")
-    except (OSError, ValueError, AttributeError) as exc:
-        raise DriveAuthError(f"GOOGLE_APPLICATION_CREDENTIALS={path}: not a readable JSON key file ({exc})") from None
-    if kind == "service_account":
-        return service_account.Credentials.from_service_account_file(path, scopes=SCOPES)
-    if kind == "authorized_user":
-        return user_credentials.Credentials.from_authorized_user_file(path, scopes=SCOPES)
-    raise DriveAuthError(
-        f"GOOGLE_APPLICATION_CREDENTIALS={path}: a key file of type {kind!r}; use a service account's JSON key "
-        "(type service_account) or an authorized-user file (type authorized_user)"
-    )
-
-
-def find_credentials(credentials_file: str | None, token_file: str | None) -> Any:
-    """Service-account or authorized-user JSON, else Colab's or the machine's default credentials."""
-    import google.auth
-    from google.auth.exceptions import DefaultCredentialsError
-
-    if credentials_file:
-        return _key_file_credentials(credentials_file)
 def _in_colab() -> bool:
     """A Colab runtime (``google.colab`` importable): its sign-in's credentials are the default ones."""
     import importlib.util
@@ -1101,6 +1101,34 @@ def _quiet_per_request_timeout_warning() -> None:
         log.addFilter(_TIMEOUT_FILTER)
 
 
+def _key_file_credentials(path: str) -> Any:
+    """A service account's key or an authorized-user file, by its ``type``. Other kinds (external accounts
+    run a command to get a token) are refused rather than loaded generically."""
+    from google.oauth2 import credentials as user_credentials
+    from google.oauth2 import service_account
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            kind = json.load(fh).get("type")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise DriveAuthError(f"GOOGLE_APPLICATION_CREDENTIALS={path}: not a readable JSON key file ({exc})") from None
+    if kind == "service_account":
+        return service_account.Credentials.from_service_account_file(path, scopes=SCOPES)
+    if kind == "authorized_user":
+        return user_credentials.Credentials.from_authorized_user_file(path, scopes=SCOPES)
+    raise DriveAuthError(
+        f"GOOGLE_APPLICATION_CREDENTIALS={path}: a key file of type {kind!r}; use a service account's JSON key "
+        "(type service_account) or an authorized-user file (type authorized_user)"
+    )
+
+
+def find_credentials(credentials_file: str | None, token_file: str | None) -> Any:
+    """Service-account or authorized-user JSON, else Colab's or the machine's default credentials."""
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    if credentials_file:
+        return _key_file_credentials(credentials_file)
     if token_file:
         from google.oauth2.credentials import Credentials
 

@@ -22,6 +22,7 @@ import contextlib
 import errno
 import logging
 import os
+import shutil
 import stat
 from pathlib import Path, PurePosixPath
 
@@ -32,6 +33,7 @@ from swarm_gdrive.storage.base import (
     LinkRefusedError,
     NotRegularFileError,
     PathBlockedError,
+    Space,
     StorageError,
     StorageUnavailableError,
     is_temporary,
@@ -63,6 +65,16 @@ _MISSING_DIR_FD = [
 ]
 
 _warned: set[str] = set()
+
+#: Google Drive's top folders as Colab's mount (``/content/drive/MyDrive``) and Drive for desktop (``My Drive``)
+#: show them: a folder under one of them is on Drive, where a deleted file goes to Drive's trash.
+DRIVE_TOP_FOLDERS = frozenset({"MyDrive", "My Drive", "Shareddrives", "Shared drives"})
+
+
+def on_google_drive(path: str | os.PathLike[str]) -> bool:
+    """True if ``path`` lies under a top folder of a mounted or synced Google Drive (:data:`DRIVE_TOP_FOLDERS`).
+    Used for messages only (deletes there fill Drive's trash), never to change what a node does."""
+    return bool(DRIVE_TOP_FOLDERS & set(Path(path).parts))
 
 
 def is_transient_os_error(exc: BaseException) -> bool:
@@ -101,9 +113,17 @@ class LocalStorage:
         self.root = Path(root).resolve()  # once: GDRIVE_PATH may itself be a link, nothing under it may
         self._attempts = retry_attempts
         self._max_wait = retry_max_wait
+        self.on_google_drive = on_google_drive(root) or on_google_drive(self.root)
 
     def describe(self) -> str:
         return f"local folder {self.root}"
+
+    def free_space(self) -> Space:
+        """The file system's free bytes as it reports them (a mount's own figure, not checked against Drive's quota
+        here); OSError if unknown."""
+        usage = shutil.disk_usage(self.root)
+        where = ("the Google Drive mounted at " if self.on_google_drive else "the file system of ") + str(self.root)
+        return Space(usage.free, usage.total, where, deletes_to_trash=self.on_google_drive)
 
     def _path(self, rel: str) -> RootedPath:
         parts = PurePosixPath(rel).parts

@@ -30,8 +30,9 @@ from safetensors.torch import load_file, save_file
 from swarm_gdrive import progress
 from swarm_gdrive.protocol.layout import Layout, parse_round_dir
 from swarm_gdrive.protocol.records import ExperimentRecord, decode
+from swarm_gdrive.protocol.worker import GiveUpError
 from swarm_gdrive.storage import Storage
-from swarm_gdrive.storage.base import is_temp_of
+from swarm_gdrive.storage.base import Space, free_space, is_temp_of
 from swarm_gdrive.training import adapters
 
 if TYPE_CHECKING:
@@ -53,14 +54,26 @@ MAX_JSON_BYTES = 64 * 1024 * 1024
 MAX_FILE_BYTES = 64 * 1024**3
 #: A manifest lists a few dozen files in a few KB; more is not a manifest this package wrote.
 MAX_MANIFEST_BYTES, MAX_MANIFEST_FILES = 1024 * 1024, 1024
+#: CHECKPOINT_OPTIMIZER: how AdamW's per-parameter state is stored (:func:`optimizer_to_files`).
+OPTIMIZER_STATES = ("bf16", "fp32", "none")
 #: 2 names the run and says whether the save completed; 1 (neither) is still read: written by earlier versions.
 SCHEMA_VERSION = 2
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _RUN_ID = re.compile(r"[0-9a-f]{8,64}")
 
 
+#: Room for fewer checkpoints than this (the one about to be written included) is warned about.
+SPACE_WARN_CHECKPOINTS = 4
+#: Room kept beyond a checkpoint for what the node writes between checkpoints (rollouts, logs, heartbeats).
+SPACE_RESERVE_BYTES = 64 * 1024**2
+
+
 class CheckpointError(ValueError):
     """A checkpoint that must not be loaded; the message says why."""
+
+
+class StorageFullError(GiveUpError):
+    """The shared folder has no room for the checkpoint about to be written; nothing of it was written."""
 
 
 @dataclass(frozen=True)
@@ -108,18 +121,32 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Split ``optimizer.state_dict()`` into tensors (for safetensors) and JSON-able scalars."""
+def optimizer_to_files(
+    optimizer: torch.optim.Optimizer, moments: str = "fp32"
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split ``optimizer.state_dict()`` into tensors (for safetensors) and JSON-able scalars.
+
+    ``moments`` (CHECKPOINT_OPTIMIZER): ``fp32`` keeps every tensor as it is; ``bf16`` stores AdamW's float32
+    moments (``exp_avg``, ``exp_avg_sq``) in bfloat16, half the bytes (float32's exponent range, so no moment
+    underflows; 8 bits of mantissa, a relative error below 0.4 %), and ``step`` exactly; ``none`` stores no
+    per-parameter state at all (a resume starts AdamW afresh). Loading casts the moments back to the parameters'
+    dtype (``Optimizer.load_state_dict``). The choice is recorded as ``optimizer_state`` in the metadata.
+    """
+    if moments not in OPTIMIZER_STATES:
+        raise ValueError(f"moments={moments!r}: use one of {', '.join(OPTIMIZER_STATES)} (CHECKPOINT_OPTIMIZER)")
     state = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
-    for index, values in state["state"].items():
+    for index, values in state["state"].items() if moments != "none" else ():
         for name, value in values.items():
             if isinstance(value, torch.Tensor):
-                tensors[f"optim.{index}.{name}"] = value.detach().cpu().contiguous()
+                value = value.detach().cpu()
+                if moments == "bf16" and name != "step" and value.dtype == torch.float32 and value.dim() > 0:
+                    value = value.to(torch.bfloat16)
+                tensors[f"optim.{index}.{name}"] = value.contiguous()
             else:
                 scalars.setdefault(str(index), {})[name] = value
-    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars, "optimizer_state": moments}
 
 
 def optimizer_from_files(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
@@ -164,11 +191,15 @@ def save(
     optimizer: torch.optim.Optimizer,
     keep_last: int = 2,
     extra: dict[str, Any] | None = None,
+    optimizer_state: str = "bf16",
 ) -> str:
     """Write a checkpoint of ``round_`` and remove this node's older ones beyond ``keep_last``.
 
-    The manifest goes first with ``complete: false`` (so an interrupted save is provably this node's and
-    its pruning can remove it), then every file, then the manifest again with ``complete: true``.
+    ``optimizer_state`` (CHECKPOINT_OPTIMIZER, resolved): how AdamW's moments are stored (:func:`optimizer_to_files`).
+    Before anything is written the storage's free space is checked (:func:`check_space`): StorageFullError when
+    the checkpoint would not fit. The manifest goes first with ``complete: false`` (so an interrupted save is
+    provably this node's and its pruning can remove it), then every file, then the manifest again with
+    ``complete: true``.
     """
     folder = layout.checkpoint_dir(node_id, round_)
     run_id = current_run(storage, layout)
@@ -176,13 +207,14 @@ def save(
         local = Path(tmp)
         model.save_pretrained(local, safe_serialization=True)
         tokenizer.save_pretrained(local)
-        tensors, meta = optimizer_to_files(optimizer)
+        tensors, meta = optimizer_to_files(optimizer, optimizer_state)
         save_file({**tensors, **rng_tensors()}, str(local / OPTIMIZER_FILE))
         py_version, py_state, py_gauss = random.getstate()
         meta.update({"round": round_, "python_rng": [py_version, list(py_state), py_gauss], "extra": extra or {}})
         (local / STATE_FILE).write_text(json.dumps(meta))
         paths = [p for p in sorted(local.iterdir()) if p.is_file() and ALLOWED_FILES.fullmatch(p.name)]
         files = {p.name: FileEntry(p.stat().st_size, _sha256_file(p)) for p in paths}
+        check_space(storage, round_, sum(f.size for f in files.values()))
         manifest = Manifest(node_id, run_id, round_, False, files)
         storage.write_bytes(f"{folder}/{MANIFEST}", manifest.to_json())
         with progress.task(f"checkpoint upload (round {round_})", sum(f.size for f in files.values()), "B") as work:
@@ -192,6 +224,61 @@ def save(
     storage.write_bytes(f"{folder}/{MANIFEST}", replace(manifest, complete=True).to_json())
     _prune(storage, layout, node_id, keep_last, keep=round_, run_id=run_id)
     return folder
+
+
+def resolve_optimizer_state(setting: str, lora: bool) -> str:
+    """CHECKPOINT_OPTIMIZER's ``auto``: bf16 moments for a full fine-tune (a third of its checkpoint), fp32 with
+    LoRA (the adapters' state is a few MB, so exactness costs nothing); any other value as it is."""
+    if setting != "auto":
+        return setting
+    return "fp32" if lora else "bf16"
+
+
+def _size(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / 1e9:.2f} GB" if n >= 10**8 else f"{n / 1e6:.1f} MB"
+
+
+def check_space(storage: Storage, round_: int, needed: int) -> Space | None:
+    """Refuse (StorageFullError) a checkpoint of ``needed`` bytes that the storage has no room for, and WARN
+    while the room left is under :data:`SPACE_WARN_CHECKPOINTS` of them; the room where the backend can tell
+    (:func:`~swarm_gdrive.storage.base.free_space`), else nothing is checked. Returns what it read."""
+    try:
+        space = free_space(storage)
+    except OSError as exc:  # a quota that cannot be read is not a reason to stop training
+        logger.warning("checkpoints: the free space of %s is unknown (%s); not checked", storage.describe(), exc)
+        return None
+    if space is None or space.free is None:
+        return space
+    trash = f", {_size(space.trash)} of it in Drive's trash" if space.trash else ""
+    fixes = (
+        "empty Drive's trash (drive.google.com/drive/trash, Empty trash)" + (" and " if space.trash else ", or ")
+        if space.trash or space.deletes_to_trash
+        else ""
+    )
+    fixes += (
+        "delete old experiments, or make checkpoints smaller or rarer: CHECKPOINT_OPTIMIZER=none (the weights "
+        "alone), LORA_R=16 (adapters alone), KEEP_CHECKPOINTS=1, a larger CHECKPOINT_MINUTES (docs/storage.md)"
+    )
+    used = f"{_size(space.total - space.free)} of {_size(space.total)} used{trash}" if space.total else "no limit"
+    room = (space.free - SPACE_RESERVE_BYTES) // max(needed, 1)  # checkpoints that fit, this one included
+    if room < 1:
+        raise StorageFullError(
+            f"checkpoint of round {round_} not written: it takes {_size(needed)} and {space.where} has "
+            f"{_size(space.free)} free ({used}); this node stops here, before a write fails half-way: {fixes}; "
+            "then start it again (it resumes from its latest checkpoint)"
+        )
+    if room < SPACE_WARN_CHECKPOINTS:
+        logger.warning(
+            "storage nearly full: %s has %s free (%s), room for %d checkpoint(s) of %s, this one included; the node "
+            "stops before a checkpoint that does not fit. To make room: %s",
+            space.where,
+            _size(space.free),
+            used,
+            room,
+            _size(needed),
+            fixes,
+        )
+    return space
 
 
 def current_run(storage: Storage, layout: Layout) -> str | None:
@@ -254,6 +341,28 @@ def _remove(storage: Storage, folder: str, manifest: Manifest) -> None:
     storage.delete(f"{folder}/{MANIFEST}")
     if not storage.remove_empty_dir(folder):
         logger.warning("pruning: left %s: it holds files its manifest does not list", folder)
+    if getattr(storage, "on_google_drive", False):  # a mounted Drive: a deleted file goes to Drive's trash
+        _say_trashed(folder, sum(e.size for e in manifest.files.values()))
+
+
+_trash_explained: list[bool] = []
+
+
+def _say_trashed(folder: str, size: int) -> None:
+    """Say (a WARNING the first time, INFO after) that a pruned checkpoint on a mounted Drive still takes room."""
+    first = not _trash_explained
+    _trash_explained.append(True)
+    logger.log(
+        logging.WARNING if first else logging.INFO,
+        "pruned checkpoint %s (%s): on a mounted Google Drive it went to Drive's trash, where it still counts against "
+        "the account's storage for 30 days%s",
+        folder,
+        _size(size),
+        ": empty the trash (drive.google.com/drive/trash, Empty trash) to get the space back, or use the Drive API "
+        "(STORAGE='api' in the notebooks, GDRIVE_PATH=gdrive://...), whose deletes are permanent (docs/storage.md)"
+        if first
+        else "",
+    )
 
 
 def _read_manifest(storage: Storage, folder: str, node_id: str, round_: int) -> Manifest:
@@ -375,7 +484,9 @@ def restore_training_state(folder: Path, optimizer: torch.optim.Optimizer) -> in
     """Load optimizer and RNG states from a restored folder; returns the checkpoint's round."""
     meta = json.loads((folder / STATE_FILE).read_text())
     tensors = load_file(str(folder / OPTIMIZER_FILE))
-    optimizer.load_state_dict(optimizer_from_files(tensors, meta))
+    optimizer.load_state_dict(optimizer_from_files(tensors, meta))  # bf16 moments come back in the params' dtype
+    if meta.get("optimizer_state") == "none":
+        logger.info("the checkpoint holds no AdamW state (CHECKPOINT_OPTIMIZER=none): its moments and warmup restart")
     if "rng.torch" in tensors:
         torch.set_rng_state(tensors["rng.torch"])
     cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]

@@ -488,6 +488,7 @@ class GRPOWorkload:
             self.trainer.optimizer,
             self.config.keep_checkpoints,
             extra={"curriculum": dict(self.bank.current_level)},
+            optimizer_state=checkpoint.resolve_optimizer_state(self.config.checkpoint_optimizer, self.lora is not None),
         )
         self._last_checkpoint = round_
         self._checkpointed_at = self._saved_at = time.monotonic()

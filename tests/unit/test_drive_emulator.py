@@ -76,10 +76,11 @@ def test_routes_match_bundled_discovery_document():
         doc = json.load(fh)
     methods = doc["resources"]["files"]["methods"]
     standard = set(doc["parameters"])
-    assert set(ROUTES) == {"files.list", "files.get", "files.create", "files.update", "files.delete"}
+    assert set(ROUTES) == {"files.list", "files.get", "files.create", "files.update", "files.delete", "about.get"}
     assert standard >= STANDARD_PARAMS
     for name, route in ROUTES.items():
-        method = methods[name.split(".")[1]]
+        resource, verb = name.split(".")
+        method = doc["resources"][resource]["methods"][verb]
         assert method["id"] == f"drive.{name}"
         assert route.http_method == method["httpMethod"], name
         assert route.path == "/" + doc["servicePath"] + method["path"], name
