@@ -46,6 +46,7 @@ def forged(real: StateRecord, variant: str) -> StateRecord:
     change = {
         "far_ahead": {"round": 999, "status": "running", "seq": 10**6, "max_rounds": 1000},
         "finished": {"round": ROUNDS, "status": "finished", "seq": 10**6, "advance_reason": "finished"},
+        "stopped": {"status": "stopped", "seq": real.seq + 1},
         "other_run": {"run_id": "0123456789abcdef", "status": "running", "seq": real.seq + 1},
         "other_coordinator": {"coordinator_id": "mallory", "status": "running", "seq": real.seq + 1},
     }[variant]
@@ -83,6 +84,7 @@ def assert_finished_normally(folder: Path, swarm: Swarm, also_played: frozenset[
         # "of round 0", or "-1" for a worker that read the forgery before its first trusted state: rejected either way
         ("far_ahead", "round 999 seq 1000000: round 999 is more than one round ahead of round"),
         ("finished", "it finishes the experiment, and it went away"),
+        ("stopped", "it says the coordinator stopped, and it went away"),
         ("other_run", "run_id 0123456789abcdef is not experiment.json's"),
         ("other_coordinator", "written by coordinator 'mallory', not experiment.json's 'coord'"),
     ],

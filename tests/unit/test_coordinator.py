@@ -386,3 +386,23 @@ def test_the_coordinator_never_downloads_its_own_peer_file(tmp_path):
         own.write_peer(peer("coord", s.run_id, n, role="coordinator"))
         assert c.observe(float(n), every=True) == frozenset()
     assert c.exchange.stats["reads"] == reads
+
+
+def test_a_stopped_coordinator_writes_stopped_and_a_restart_resumes_its_round(tmp_path):
+    """Its stop (stop button, SIGTERM) before the end is a state the workers read: ``stopped`` at the same round,
+    a newer seq; started again, the coordinator plays that round (round 0 with no reward waits for workers again)."""
+    config = make_config(tmp_path)
+    stop = threading.Event()
+    stop.set()  # stopped at once: while round 0 waits for workers
+    assert Coordinator(config, LocalStorage(tmp_path), "coord", stop).run() == 0
+    reader = Exchange(LocalStorage(tmp_path), Layout("exp"), "reader")
+    stopped = reader.read_state()
+    assert (stopped.status, stopped.round, stopped.seq) == ("stopped", 0, 1)  # the waiting state it created: seq 0
+    again = Coordinator(config, LocalStorage(tmp_path), "coord", threading.Event()).open_experiment()
+    assert (again.status, again.round) == ("waiting", 0) and again.seq > stopped.seq
+
+    submit_round(tmp_path, again.run_id, 0, ["w1"])
+    submit_round(tmp_path, again.run_id, 1, ["w1"])
+    reader.write_state(again.model_copy(update={"status": "stopped", "round": 2, "seq": again.seq + 5}))
+    resumed = Coordinator(config, LocalStorage(tmp_path), "coord", threading.Event()).open_experiment()
+    assert (resumed.status, resumed.round, resumed.advance_reason) == ("running", 2, "resume")

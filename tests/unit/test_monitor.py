@@ -196,3 +196,36 @@ def test_large_rollouts_are_flagged(finished, monkeypatch):
     assert (
         found["storage_growth"].severity == "warning" and "ROLLOUT_CLEANUP_ENABLED" in found["storage_growth"].message
     )
+
+
+@pytest.mark.parametrize("how", ["state", "peer_file"])
+def test_a_stopped_coordinator_is_said_instead_of_running_with_live_workers(finished, tmp_path, how):
+    """The state ``stopped`` (what a coordinator's stop button writes), or a ``running`` state whose coordinator's
+    peer file says stopped: the summary names the coordinator as stopped and the workers still beating (none
+    here, every worker exited), not the state's stale ``live_workers``; a finding says how to resume."""
+    import shutil
+
+    folder = tmp_path / "copy"
+    shutil.copytree(finished, folder)
+    _rewrite_state(folder, status="stopped" if how == "state" else "running", round=2, live_workers=["w1", "w2"])
+    snap = load(LocalStorage(folder), EXPERIMENT)
+    found = {f.code: f for f in findings(snap, liveness_timeout=120)}
+    summary = found["state"].message
+    assert "coordinator coord stopped" in summary and "workers still beating: none" in summary, summary
+    assert "live workers: w1, w2" not in summary
+    assert ("(its peer file)" in summary) == (how == "peer_file")
+    advice = found["coordinator_stopped"]
+    assert advice.severity == "warning" and "start the coordinator again" in advice.message
+
+
+def test_a_running_coordinator_is_not_said_to_be_stopped(finished, tmp_path):
+    import shutil
+
+    folder = tmp_path / "copy"
+    shutil.copytree(finished, folder)
+    _rewrite_state(folder, status="running", round=2, live_workers=["w1", "w2"])
+    _rewrite_peer(folder, "coord", status="alive")
+    snap = load(LocalStorage(folder), EXPERIMENT)
+    found = {f.code: f for f in findings(snap, liveness_timeout=120)}
+    assert "coordinator_stopped" not in found
+    assert found["state"].message.endswith("live workers: w1, w2")

@@ -98,6 +98,7 @@ def test_a_jump_that_goes_away_within_the_window_is_rejected_and_never_trusted(s
     ("change", "reason"),
     [
         ({"status": "finished", "round": 2}, "it finishes the experiment"),
+        ({"status": "stopped"}, "it says the coordinator stopped"),
         ({"round": 2, "max_rounds": 2}, "round 2 is beyond MAX_ROUNDS (2)"),
         ({"coordinator_id": "mallory"}, "written by coordinator 'mallory', not experiment.json's 'coord'"),
     ],
