@@ -28,13 +28,17 @@ class Node(threading.Thread):
             self.code = Coordinator(self.config, storage, self.config.node_id, self.stop).run()
             return
         identity = claim_identity(self.config.local_dir, self.config.experiment_name, "worker", self.config.node_id)
-        workload = SyntheticWorkload(
-            self.config.num_train_samples, self.config.num_generations, self.config.synthetic_step_seconds, self.stop
-        )
+        workload = self.make_workload()
         try:
             self.code = Worker(self.config, storage, identity, workload, self.stop).run()
         finally:
             identity.release()
+
+    def make_workload(self) -> SyntheticWorkload:
+        """The worker's workload (a test may subclass Node to give another)."""
+        return SyntheticWorkload(
+            self.config.num_train_samples, self.config.num_generations, self.config.synthetic_step_seconds, self.stop
+        )
 
 
 def fast_env(folder: Path, experiment: str, **extra: object) -> dict[str, str]:

@@ -365,7 +365,7 @@ class Worker:
         started = time.monotonic()
         calls_before = dict(self.exchange.stats)
         backend = getattr(self.exchange.storage, "counters", None)  # a remote backend's API calls and bytes
-        if self.config.eval_interval and round_ % self.config.eval_interval == 0:
+        if self._evaluates_before(round_):
             self.evaluate(round_, state.run_id)
         buffered: list[RolloutBatch] = []
         self.exchange.prefetch_round(round_, state.num_stages)
@@ -395,6 +395,12 @@ class Worker:
         self._round_seconds = [*self._round_seconds[-4:], seconds]
         logger.info("%s", progress.round_line(round_, state.max_rounds, self._reward, seconds, self._round_seconds))
         self.identity.write_local(last_round=round_)
+
+    def _evaluates_before(self, round_: int) -> bool:
+        """Held-out evaluation before rounds 0, N, 2N, ... (N = EVAL_INTERVAL); before round 0 only with
+        EVAL_BEFORE_TRAINING."""
+        every = self.config.eval_interval
+        return bool(every) and round_ % every == 0 and (round_ > 0 or self.config.eval_before_training)
 
     def evaluate(self, round_: int, run_id: str) -> None:
         """Held-out evaluation before round ``round_``: metrics, and an eval record in the shared folder."""

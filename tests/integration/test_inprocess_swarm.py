@@ -219,3 +219,44 @@ def test_sapo_max_peers_caps_the_peers_a_worker_reads(tmp_path, max_peers, gener
         seen_reads |= {v["swarm/peers_read"] for v in stages}
         seen_used |= {v["swarm/external_used"] for v in stages}
     assert seen_reads and seen_reads <= peers_read and seen_used == external_used, (seen_reads, seen_used)
+
+
+class _EvaluatingNode(Node):
+    """A node whose synthetic workload also reports a held-out result, so the worker writes eval records."""
+
+    def make_workload(self):
+        from swarm_gdrive.protocol.records import TaskEval
+        from swarm_gdrive.protocol.workload import SyntheticWorkload
+
+        class Evaluating(SyntheticWorkload):
+            def evaluate(self, round_: int) -> list[TaskEval]:
+                return [TaskEval(task="synthetic", n=4, pass1=0.5, mean_score=0.5)]
+
+        return Evaluating(self.config.num_train_samples, self.config.num_generations, 0.01, self.stop)
+
+
+@pytest.mark.parametrize(
+    ("extra", "rounds"),
+    [
+        ({}, ["round_0", "round_2", "round_4"]),  # the default: the baseline before round 0
+        ({"EVAL_BEFORE_TRAINING": "false"}, ["round_2", "round_4"]),
+        ({"TEST_MODE": "true"}, ["round_2", "round_4"]),  # the quick check starts at once (MAX_ROUNDS set: 4)
+    ],
+)
+def test_the_evaluation_before_round_0_is_skipped_with_eval_before_training_false_and_in_test_mode(
+    tmp_path, extra, rounds
+):
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = env_for(folder, **{"MIN_WORKERS": 1, "MAX_ROUNDS": 4, "EVAL_INTERVAL": 2, **extra})
+    nodes = [Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})]
+    nodes.append(_EvaluatingNode({**env, "NODE_ROLE": "worker", "NODE_ID": "w1"}))
+    for node in nodes:
+        node.start()
+    for node in nodes:
+        node.join(60)
+    assert [node.code for node in nodes] == [0, 0]
+    written = sorted(p.parent.name for p in (folder / LAYOUT.evals_dir).glob("round_*/w1.json"))
+    assert written == rounds  # every EVAL_INTERVAL rounds and after the last (3) either way
+    metrics, _ = decode_lines((folder / LAYOUT.metrics_file("w1")).read_bytes(), MetricRecord)
+    assert sorted(m.round for m in metrics if "eval/pass1" in m.values) == [int(r[6:]) for r in rounds]

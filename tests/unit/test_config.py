@@ -107,6 +107,7 @@ VALID: dict[str, tuple[str, str, object, dict[str, str]]] = {
         {"TASK_DIFFICULTY": "easy", "TASKS": "chain_sum,basic_arithmetic"},
     ),
     "EVAL_INTERVAL": ("0", "eval_interval", 0, {}),
+    "EVAL_BEFORE_TRAINING": ("off", "eval_before_training", False, {}),
     "EVAL_SAMPLES": ("8", "eval_samples", 8, {}),
     "EVAL_PASS_K": ("4", "eval_pass_k", 4, {}),
     "ANSWER_PREFIX": ("on", "answer_prefix", True, {}),
@@ -232,6 +233,7 @@ def test_defaults(base: dict[str, str], tmp_path: Path, monkeypatch: pytest.Monk
         "task_difficulty": "paper",
         "curriculum_threshold": 0.0,
         "eval_interval": 10,
+        "eval_before_training": True,
         "eval_samples": 16,
         "eval_pass_k": 0,
         "max_new_tokens": 256,
@@ -499,7 +501,13 @@ def test_test_mode_preset(base: dict[str, str]) -> None:
     config = from_env(env)
     assert config.test_mode is True
     assert (config.max_rounds, config.num_train_samples, config.num_generations) == (3, 4, 4)
-    assert TEST_MODE_PRESET == {"MAX_ROUNDS": "3", "NUM_TRAIN_SAMPLES": "4", "NUM_GENERATIONS": "4"}
+    assert config.eval_before_training is False  # a quick check starts training at once
+    assert TEST_MODE_PRESET == {
+        "MAX_ROUNDS": "3",
+        "NUM_TRAIN_SAMPLES": "4",
+        "NUM_GENERATIONS": "4",
+        "EVAL_BEFORE_TRAINING": "false",
+    }
     assert env == {**base, "TEST_MODE": "1"}  # the caller's mapping is not modified
 
 
