@@ -19,6 +19,7 @@ from typing import Literal
 
 import pandas as pd
 
+from swarm_gdrive.observe import usage as folder_usage
 from swarm_gdrive.observe.logs import EVENT_COLUMNS, LOG_FILES, MAX_LOG_BYTES, METRIC_COLUMNS, load_logs, printable
 from swarm_gdrive.protocol.exchange import NOT_A_FOLDER, Exchange, RunChangedError
 from swarm_gdrive.protocol.layout import Layout, parse_round_dir, parse_stage_dir
@@ -101,6 +102,8 @@ class Snapshot:
     #: What could not be read: rejected files (``path: reason``), log lines (``path: line N: reason``), metric
     #: keys beyond the caps.
     problems: list[str] = field(default_factory=list)
+    #: The folder's size, its last hour's writes and the storage's room (observe/usage.py); None: not measured.
+    usage: folder_usage.FolderUsage | None = None
 
     @property
     def state_record(self) -> dict | None:
@@ -180,6 +183,7 @@ def load(storage: Storage, experiment: str, now: float | None = None, liveness_t
         config=dict(experiment_record.config) if experiment_record else {},
         log_files={node: present & set(LOG_FILES) for node, present in log_files.items()},
         problems=problems,
+        usage=folder_usage.measure(storage, experiment, now),
     )
 
 
@@ -279,6 +283,7 @@ def findings(snapshot: Snapshot, liveness_timeout: float = LIVENESS) -> list[Fin
     out += _missing_rollout_findings(snapshot)
     out += _advance_findings(snapshot, liveness_timeout)
     out += _storage_findings(snapshot)
+    out += _usage_findings(snapshot)
     out += _external_findings(snapshot)
     out += _unreadable_findings(snapshot)
     events = snapshot.events
@@ -412,6 +417,16 @@ def _storage_findings(snapshot: Snapshot) -> list[Finding]:
     if total > STORAGE_WARNING_BYTES:
         return [Finding("warning", "storage_growth", message + ": set ROLLOUT_CLEANUP_ENABLED=true to keep the last N")]
     return [Finding("info", "storage", message)]
+
+
+def _usage_findings(snapshot: Snapshot) -> list[Finding]:
+    """The experiment's size and last hour's writes, with the storage's room (info); a warning when that room is
+    down to a few checkpoints."""
+    if snapshot.usage is None:
+        return []
+    out = [Finding("info", "experiment_size", folder_usage.describe(snapshot.usage))]
+    low = folder_usage.low_space(snapshot.usage)
+    return out + ([Finding("warning", "storage_low", low)] if low else [])
 
 
 def external_per_round(snapshot: Snapshot) -> pd.DataFrame:

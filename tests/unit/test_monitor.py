@@ -80,7 +80,8 @@ def test_a_healthy_run_validates_and_has_no_warnings(finished):
     snap = load(LocalStorage(finished), EXPERIMENT)
     assert validate(snap, rounds=3, nodes=2, transplants=1) == []
     found = findings(snap)
-    assert [(f.severity, f.code) for f in found] == [("info", "state"), ("info", "storage")]
+    codes = [(f.severity, f.code) for f in found]
+    assert codes == [("info", "state"), ("info", "storage"), ("info", "experiment_size")]
     assert "finished, round 3 of 3" in found[0].message
     assert "over 3 round(s)" in found[1].message and "MB a round" in found[1].message
     failed = validate(snap, rounds=4, nodes=3, transplants=1)

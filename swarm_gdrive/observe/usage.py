@@ -1,0 +1,130 @@
+"""What an experiment takes in the shared folder: its size by part, how much of it was written in the last hour, and
+the room the storage has left (Drive's quota, a file system's free space).
+
+One walk of the experiment folder's listings (sizes and modification times; nothing is downloaded), at most
+:data:`MAX_FOLDERS` folders. "Written in the last hour" counts the files whose modification time is within the hour
+before the monitor's clock and that are still there: what the experiment grew by in that hour, less nothing that was
+deleted since (a pruned checkpoint is gone from it; on a mounted Drive its bytes went to Drive's trash, which the
+storage line shows where the backend reports it). Read only, like every observer.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.storage import Storage
+from swarm_gdrive.storage.base import Space, free_space
+
+logger = logging.getLogger(__name__)
+
+#: Folders listed at most for one measure (a listing each; Drive: a request each): beyond, the size is a lower bound.
+MAX_FOLDERS = 2000
+#: The window of "written in the last hour", seconds.
+HOUR = 3600.0
+#: The room left is warned about below this many of the experiment's largest checkpoints (a worker stops before a
+#: checkpoint that does not fit: training.checkpoint.check_space).
+LOW_SPACE_CHECKPOINTS = 4
+
+
+@dataclass(frozen=True)
+class FolderUsage:
+    """An experiment folder's bytes and files, by top-level part (``checkpoints``, ``rollouts``, ``logs`` ...)."""
+
+    bytes: int = 0
+    files: int = 0
+    by_part: dict[str, int] = field(default_factory=dict)
+    #: Bytes of the files modified within :data:`HOUR` before the measure, still there.
+    last_hour: int = 0
+    #: The largest ``checkpoints/{node}/round_{R}`` folder, bytes (0: none).
+    largest_checkpoint: int = 0
+    #: False when the walk stopped at :data:`MAX_FOLDERS` or a listing failed: the figures are lower bounds.
+    complete: bool = True
+    #: The storage's room (:func:`~swarm_gdrive.storage.base.free_space`); None where it cannot tell.
+    space: Space | None = None
+
+
+def measure(storage: Storage, experiment: str, now: float) -> FolderUsage:
+    """Walk ``experiments/{experiment}/`` and read the storage's free space; never raises for a storage error."""
+    root = Layout(experiment).root
+    total = files = last_hour = 0
+    by_part: dict[str, int] = {}
+    checkpoints: dict[str, int] = {}
+    complete = True
+    todo, listed = [root], 0
+    while todo:
+        if listed >= MAX_FOLDERS:
+            complete = False
+            break
+        folder = todo.pop()
+        listed += 1
+        try:
+            entries = storage.list(folder)
+        except OSError as exc:
+            logger.debug("usage: %s not listed: %s", folder, exc)
+            complete = False
+            continue
+        inner = folder[len(root) + 1 :].split("/") if folder != root else []
+        for info in entries:
+            if info.is_dir:
+                todo.append(f"{folder}/{info.name}")
+                continue
+            total, files = total + info.size, files + 1
+            part = inner[0] if inner else "(top)"
+            by_part[part] = by_part.get(part, 0) + info.size
+            if now - HOUR <= info.mtime <= now + 60:  # a writer's clock a little ahead still counts
+                last_hour += info.size
+            if len(inner) == 3 and inner[0] == "checkpoints":
+                key = "/".join(inner)
+                checkpoints[key] = checkpoints.get(key, 0) + info.size
+    try:
+        space = free_space(storage)
+    except OSError as exc:
+        logger.debug("usage: the free space of %s is unknown: %s", storage.describe(), exc)
+        space = None
+    return FolderUsage(total, files, by_part, last_hour, max(checkpoints.values(), default=0), complete, space)
+
+
+def human(n: int | None) -> str:
+    """Bytes for a person: 1.08 GB, 41.2 MB, 812 KB, 96 B."""
+    if n is None:
+        return "unknown"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}" if unit == "GB" else f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def describe(usage: FolderUsage) -> str:
+    """One line: the size by part, the last hour's writes, and the storage's room."""
+    at_least = "" if usage.complete else "at least "
+    parts = ", ".join(f"{name} {human(n)}" for name, n in sorted(usage.by_part.items(), key=lambda kv: -kv[1]))
+    text = (
+        f"the experiment takes {at_least}{human(usage.bytes)} in {usage.files} file(s)"
+        + (f" ({parts})" if parts else "")
+        + f"; {human(usage.last_hour)} written in the last hour (files written then and still there)"
+    )
+    space = usage.space
+    if space is not None and space.free is not None:
+        total = f" of {human(space.total)}" if space.total else ""
+        trash = f", {human(space.trash)} of it in Drive's trash" if space.trash else ""
+        text += f"; {space.where}: {human(space.free)} free{total}{trash}"
+        if space.deletes_to_trash:
+            text += " (deletes here go to Drive's trash until it is emptied)"
+    return text
+
+
+def low_space(usage: FolderUsage) -> str | None:
+    """A warning when the room left is under :data:`LOW_SPACE_CHECKPOINTS` of the largest checkpoint; else None."""
+    space = usage.space
+    if space is None or space.free is None or not usage.largest_checkpoint:
+        return None
+    if space.free >= LOW_SPACE_CHECKPOINTS * usage.largest_checkpoint:
+        return None
+    return (
+        f"{space.where} has {human(space.free)} free, room for {space.free // usage.largest_checkpoint} more "
+        f"checkpoint(s) of {human(usage.largest_checkpoint)}: a worker stops before one that does not fit. Empty "
+        "Drive's trash, delete old experiments, or make checkpoints smaller or rarer (CHECKPOINT_OPTIMIZER=none, "
+        "LORA_R, KEEP_CHECKPOINTS=1, a larger CHECKPOINT_MINUTES; docs/storage.md)"
+    )
