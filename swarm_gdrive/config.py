@@ -113,6 +113,9 @@ FINGERPRINT_FIELDS = (
     "curriculum_threshold",
 )
 
+#: Fields whose default is a node-local folder under the home, resolved when the configuration is built.
+_LOCAL_DIR_FIELDS = ("local_dir", "model_cache_dir")
+
 #: Largest SYNC_LAG accepted, seconds: a mount that lags more than this is not a usable medium.
 MAX_SYNC_LAG = 3600.0
 
@@ -753,6 +756,14 @@ class Config:
         _parse_bool,
     )
     log_level: str = _env("LOG_LEVEL", "INFO", "Logging level.", _parse_choice(LOG_LEVELS, lower=False))
+    log_settings: str = _env(
+        "LOG_SETTINGS",
+        "short",
+        "What a node logs of its settings when it starts: short (one line: role, node, experiment, storage, "
+        "model, rounds, I/J/G and how many settings differ from their defaults) or full (every setting too; "
+        "LOG_LEVEL=DEBUG logs them as well). Secrets appear only as <set> or <unset>.",
+        _parse_choice(("short", "full")),
+    )
     progress: str = _env(
         "PROGRESS",
         "auto",
@@ -807,6 +818,36 @@ class Config:
                 value = "<set>" if value else "<unset>"
             out[f.metadata["env"]] = value
         return out
+
+    def changed(self) -> dict[str, Any]:
+        """The settings whose value is not their default (as :meth:`describe` shows them): what a node was given,
+        and what SYNC_LAG derived from it. GDRIVE_PATH, which has no default, is not among them."""
+        described = self.describe()
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            var = f.metadata["env"]
+            if var == "GDRIVE_PATH":
+                continue
+            default = _parse_local_dir(var, f.default) if f.name in _LOCAL_DIR_FIELDS else f.default
+            if getattr(self, f.name) != default:
+                out[var] = described[var]
+        return out
+
+    def summary(self) -> str:
+        """The settings a person checks first, in one line (no secret's value); the rest by LOG_SETTINGS=full."""
+        parts = [
+            f"model {self.model_name}",
+            f"{self.max_rounds} round{'' if self.max_rounds == 1 else 's'}",
+            f"I={self.num_train_samples} J={self.num_transplant_trees} G={self.num_generations}",
+        ]
+        if self.test_mode:
+            parts.append("TEST_MODE")
+        if self.huggingface_access_token:
+            parts.append("HUGGINGFACE_ACCESS_TOKEN=<set>")
+        changed = len(self.changed())
+        more = "LOG_SETTINGS=full lists every setting" if self.log_settings == "short" else "every setting follows"
+        parts.append(f"{changed} non-default setting{'' if changed == 1 else 's'} ({more})")
+        return ", ".join(parts)
 
 
 def env_values(**values: object) -> dict[str, str]:
@@ -871,7 +912,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Config:
             values[f.name] = f.metadata["parse"](var, env[var])
         elif f.default is None and var == "GDRIVE_PATH":
             raise ConfigError(var, None, "set it to the shared folder, e.g. /content/drive/MyDrive/rl-swarm")
-        elif f.name in ("local_dir", "model_cache_dir"):
+        elif f.name in _LOCAL_DIR_FIELDS:
             values[f.name] = _parse_local_dir(var, f.default)
     _derive_from_lag(values, env)
     config = Config(**values)

@@ -100,7 +100,6 @@ def run_node(
 
 
 def _run_role(config: Config, identity: Identity, stop: threading.Event) -> int:
-    logger.info("resolved configuration: %s", config.describe())
     try:
         storage = storage_for(config)
     except StorageError as exc:  # no credentials, or a backend refusing the location
@@ -108,12 +107,15 @@ def _run_role(config: Config, identity: Identity, stop: threading.Event) -> int:
         identity.release()
         return EXIT_BAD_INPUT
     logger.info(
-        "node %s (%s) on %s, experiment %s",
-        identity.node_id,
+        "%s %s, experiment %s on %s: %s",
         config.node_role,
-        storage.describe(),
+        identity.node_id,
         config.experiment_name,
+        storage.describe(),
+        config.summary(),
     )
+    # Every setting, secrets as <set>/<unset>: on request, or at DEBUG.
+    logger.log(logging.INFO if config.log_settings == "full" else logging.DEBUG, "settings: %s", config.describe())
     twin = _live_twin(config, storage, identity.node_id, stop)
     if twin is not None:
         print(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 _context: dict[str, object] = {"node_id": "-", "round": "-"}
 
@@ -72,14 +73,33 @@ def _redact_every_record(secrets: list[str]) -> None:
     logging.setLogRecordFactory(factory)
 
 
+class BelowFilter(logging.Filter):
+    """Passes the records under ``level`` only."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < self.level
+
+
 def setup(level: str, secrets: list[str] | None = None) -> None:
-    """Configure the root logger once, for a node process; ``secrets`` never reach the output."""
+    """Configure the root logger once, for a node process; ``secrets`` never reach the output.
+
+    Ordinary lines (DEBUG, INFO) go to standard output, warnings and errors to standard error: Colab and Jupyter
+    colour standard error red, and a node's progress is not an error. Both streams are the ones of the moment
+    (a notebook kernel's own, in a kernel)."""
     secrets = [s for s in secrets or [] if s]
     _redact_every_record(secrets)
-    handler = logging.StreamHandler()
-    handler.addFilter(ContextFilter())
-    handler.addFilter(RedactFilter(secrets))
-    handler.setFormatter(RedactingFormatter(FORMAT, secrets))
+    ordinary = logging.StreamHandler(sys.stdout)
+    ordinary.addFilter(BelowFilter(logging.WARNING))
+    problems = logging.StreamHandler(sys.stderr)
+    problems.setLevel(logging.WARNING)
+    for handler in (ordinary, problems):
+        handler.addFilter(ContextFilter())
+        handler.addFilter(RedactFilter(secrets))
+        handler.setFormatter(RedactingFormatter(FORMAT, secrets))
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [ordinary, problems]
     root.setLevel(level)

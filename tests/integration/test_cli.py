@@ -189,7 +189,7 @@ def test_sigterm_stops_a_waiting_worker_cleanly_and_a_restart_keeps_its_identity
         assert decode(peer_file.read_bytes(), PeerRecord).status == "stopped"
         events, _ = decode_lines((folder / layout.events_file(node_id)).read_bytes(), EventRecord)
         assert [e.event for e in events][-1] == "worker_stopped"
-        assert any("MAX_ROUNDS': 3" in line for line in worker.lines), "resolved TEST_MODE config is logged"
+        assert any("3 rounds, I=4 J=0 G=4, TEST_MODE" in line for line in worker.lines), "TEST_MODE's settings said"
 
         again = NodeProcess("worker-again", env)
         deadline = time.monotonic() + 30
@@ -275,3 +275,31 @@ def test_status_watch_follows_a_run_until_ctrl_c(tmp_path):
         env=clean, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert bad.returncode == 2 and "--watch=0: use a number of seconds > 0" in bad.stderr
+
+
+def test_a_node_opens_with_one_short_settings_line_on_stdout_and_warnings_on_stderr(tmp_path):
+    """Colab colours standard error red: ordinary lines go to standard output, warnings to standard error; the
+    settings take one short line, every setting only with LOG_SETTINGS=full (or at DEBUG); no token either way."""
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    token = "hf_mustNeverBePrinted1234567890"
+    env = quick_env(folder, MAX_ROUNDS="2", MIN_WORKERS="1", HUGGINGFACE_ACCESS_TOKEN=token)
+    coordinator = NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})
+    try:
+        short = launch({**env, "NODE_ROLE": "worker", "NODE_ID": "w1"})
+        full = launch({**env, "NODE_ROLE": "worker", "NODE_ID": "w2", "LOG_SETTINGS": "full", "MAX_ROUNDS": "2"})
+    finally:
+        coordinator.terminate(timeout=20)
+    assert short.returncode == 0, short.stdout[-2000:] + short.stderr[-2000:]
+    for result in (short, full):
+        assert token not in result.stdout + result.stderr
+        out, err = result.stdout.splitlines(), result.stderr.splitlines()
+        assert out and all(" INFO " in line or " DEBUG " in line for line in out if line[:4].isdigit())
+        assert not any(" INFO " in line for line in err), err  # nothing ordinary in red
+        assert any(" WARNING " in line and "WORKLOAD=synthetic" in line for line in err)  # a warning stays on stderr
+        (opening,) = [line for line in out if "experiment cli on local folder" in line]
+        assert "worker w" in opening and "2 rounds, I=8 J=0 G=8" in opening and "ACCESS_TOKEN=<set>" in opening
+        assert len(opening) < 400, opening  # it was 2,371 characters
+    assert not any("settings: {" in line for line in short.stdout.splitlines())
+    (settings,) = [line for line in full.stdout.splitlines() if "settings: {" in line]
+    assert "'HUGGINGFACE_ACCESS_TOKEN': '<set>'" in settings and "'SEED': 42" in settings
