@@ -146,7 +146,11 @@ class Worker:
     def _checkpoint_on_stop(self) -> str:
         """Before a stopped worker exits: the workload checkpoints the last round it trained, unless its latest
         checkpoint holds it or is younger than STOP_CHECKPOINT_MIN_SECONDS; a phrase saying what it saved."""
-        saved = self.workload.checkpoint_on_stop()
+        try:
+            saved = self.workload.checkpoint_on_stop()
+        except GiveUpError as exc:  # no room for it (a StorageFullError): the stop goes on, and says why
+            logger.error("%s", exc)
+            return f", without a stop checkpoint ({exc})"
         if saved is None:
             return ""
         self.log.event(
