@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from swarm_gdrive.protocol.exchange import listing_key
-from swarm_gdrive.storage.base import FileInfo, FileTooLargeError, Storage, StorageError, make_dirs
+from swarm_gdrive.storage.base import FileInfo, FileTooLargeError, Storage, StorageError, free_space, make_dirs
 
 TEMPORARY_NAMES = [".x.json.abc123.tmp", ".hidden", "~lock", "y.tmp", "z.partial", "w.part"]
 if TYPE_CHECKING:
@@ -55,6 +55,17 @@ def test_is_a_storage(storage: Storage) -> None:
 
 
 # -- reads and writes ------------------------------------------------------------------------
+
+
+def test_free_space_is_unknown_or_sane(backend: Backend) -> None:
+    """The optional ``free_space``: None (an object store) or a Space with non-negative figures and a place."""
+    backend.storage.write_bytes("room/a.bin", b"x" * 1000)  # the folder exists (a local root is made by a write)
+    space = free_space(backend.storage)
+    if backend.name in ("local", "drive", "pydrive2"):
+        assert space is not None and space.where
+    if space is not None:
+        assert space.free is None or space.free >= 0
+        assert space.total is None or space.free is None or space.total >= space.free
 
 
 def test_round_trip_binary_empty_and_one_megabyte(storage: Storage) -> None:
