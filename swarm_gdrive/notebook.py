@@ -349,7 +349,10 @@ def run_node_here(env: Mapping[str, str]) -> int:
     """Run one node inside this kernel until it finishes; the stop button (KeyboardInterrupt) stops it cleanly.
 
     The node runs in a thread with its own stop event: an interrupt sets the event, the node
-    finishes its current step, flushes what it buffered and returns, as on SIGTERM.
+    finishes its current step, saves a worker's checkpoint, flushes what it buffered and returns, as on
+    SIGTERM. A second interrupt raises KeyboardInterrupt in the node's thread, as a second Ctrl-C does in a
+    process: what it was doing (a checkpoint save: never loaded, its manifest incomplete) ends at once, its
+    ``finally`` blocks still run (the peer file says stopped, the log is flushed).
     """
     from swarm_gdrive.launcher import run_node
 
@@ -360,6 +363,9 @@ def run_node_here(env: Mapping[str, str]) -> int:
     def target() -> None:
         try:
             result["code"] = run_node({**os.environ, **env}, stop)
+        except KeyboardInterrupt:  # the second interrupt, raised here by _interrupt_thread
+            print("node interrupted", file=sys.stderr, flush=True)
+            result["code"] = 1
         except BaseException as exc:  # noqa: BLE001 - reported below as exit code 1
             print(f"node failed: {exc!r}", file=sys.stderr, flush=True)
             result["code"] = 1
@@ -379,11 +385,25 @@ def run_node_here(env: Mapping[str, str]) -> int:
                 flush=True,
             )
             stop.set()
-            while not done.wait(0.2):
-                pass
+            try:
+                while not done.wait(0.2):
+                    pass
+            except KeyboardInterrupt:
+                print("interrupted again: stopping the node at once", flush=True)
+                _interrupt_thread(thread)
+                while not done.wait(0.2):  # its finally blocks; a third interrupt leaves it behind
+                    pass
     code = result.get("code", 1)
     print(f"node stopped, {describe_exit(code)}", flush=True)
     return code
+
+
+def _interrupt_thread(thread: threading.Thread) -> None:
+    """Raise KeyboardInterrupt in ``thread`` at its next Python bytecode (a C call it is in ends first)."""
+    import ctypes
+
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
 
 
 @contextlib.contextmanager

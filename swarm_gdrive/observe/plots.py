@@ -180,7 +180,7 @@ def live_workers(snapshot: Snapshot) -> Figure:
             last = rows.groupby("round")["swarm/live_workers"].last().sort_index()
             ax.plot(last.index, last.values, "o-", color="black", label=f"live workers ({node}'s view)")
     state = snapshot.state_record
-    if state is not None and state.get("live_workers") is not None and state.get("status") != "finished":
+    if state is not None and state.get("live_workers") is not None and state.get("status") in ("waiting", "running"):
         ax.axhline(len(state["live_workers"]), color="tab:red", linestyle=":", label="live now (state file)")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     _finish(ax, title, "round", "workers", legend_title=None)

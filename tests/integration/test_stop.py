@@ -280,3 +280,42 @@ def test_the_coordinators_stop_reaches_the_workers_and_status_says_so(tmp_path):
         assert resumed and resumed[-1].round == stopped_at
     finally:
         stop_all([n for n in nodes if n.returncode is None], timeout=10)
+
+
+def test_a_second_press_of_the_stop_button_interrupts_the_stop_at_once(tmp_path, monkeypatch):
+    """The first press asks for a clean stop; a second one, while the worker is still stopping (here its
+    checkpoint save, made endless by a test double), ends it at once: run_node_here returns, and the node's
+    ``finally`` blocks have run (its peer file says stopped)."""
+    from swarm_gdrive import notebook
+    from swarm_gdrive.protocol.records import PeerRecord
+    from swarm_gdrive.protocol.workload import SyntheticWorkload
+
+    saving = threading.Event()
+
+    def endless_save(self) -> int | None:
+        saving.set()
+        while True:  # Python bytecode between sleeps: where the second interrupt lands
+            time.sleep(0.02)
+
+    monkeypatch.setattr(SyntheticWorkload, "checkpoint_on_stop", endless_save)
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = fast_env(folder, "stop", MAX_ROUNDS=200, MIN_WORKERS=1, SYNTHETIC_STEP_SECONDS=0.05)
+    coordinator = NodeProcess("coord", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})
+
+    def press_twice() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and 1 not in rewarded_rounds(folder, "w1"):
+            time.sleep(0.05)
+        _thread.interrupt_main()
+        if saving.wait(60):
+            _thread.interrupt_main()
+
+    presser = threading.Thread(target=press_twice, daemon=True)
+    presser.start()
+    try:
+        code = notebook.run_node_here({**env, "NODE_ID": "w1"})
+    finally:
+        stop_all([coordinator], timeout=30)
+    assert saving.is_set() and code == 1
+    assert decode((folder / LAYOUT.peer_file("w1")).read_bytes(), PeerRecord).status == "stopped"
