@@ -197,7 +197,9 @@ def test_a_checkpoint_younger_than_the_minimum_is_not_written_again(tmp_path, mo
 
     folder = tmp_path / "drive"
     folder.mkdir()
-    env = tiny_env(folder, model_dir, CHECKPOINT_INTERVAL=2, STOP_CHECKPOINT_MIN_SECONDS=10**6, NODE_ID="w1")
+    env = tiny_env(
+        folder, model_dir, CHECKPOINT_INTERVAL=2, STOP_CHECKPOINT_MIN_SECONDS=10**6, NODE_ID="w1", KEEP_CHECKPOINTS=2
+    )
     config = from_env(env)
     storage = LocalStorage(folder)
     Exchange(storage, LAYOUT, "coordinator").write_experiment(
@@ -319,3 +321,40 @@ def test_a_second_press_of_the_stop_button_interrupts_the_stop_at_once(tmp_path,
         stop_all([coordinator], timeout=30)
     assert saving.is_set() and code == 1
     assert decode((folder / LAYOUT.peer_file("w1")).read_bytes(), PeerRecord).status == "stopped"
+
+
+def test_workers_waiting_for_round_0_stop_with_their_coordinator(tmp_path):
+    """The coordinator stopped while round 0 still waits for MIN_WORKERS: the worker that joined it stops too
+    (exit 0, coordinator_stopped), instead of waiting COORDINATOR_WAIT_TIMEOUT for a round that will not open."""
+    from swarm_threads import Node
+
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    env = fast_env(folder, "stop", MIN_WORKERS=2, COORDINATOR_WAIT_TIMEOUT=300)
+    coordinator = Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})
+    worker = Node({**env, "NODE_ROLE": "worker", "NODE_ID": "w1"})
+    coordinator.start()
+    worker.start()
+    try:
+        wait_until(lambda: (folder / LAYOUT.peer_file("w1")).exists(), 60, "w1 joined", [])
+        wait_until(
+            lambda: (
+                any(e.event == "worker_started" for e in node_events(folder, "w1"))
+                if (folder / LAYOUT.events_file("w1")).exists()
+                else False
+            ),
+            60,
+            "w1 started",
+            [],
+        )
+        coordinator.stop.set()
+        coordinator.join(60)
+        worker.join(120)  # nobody stops it: it reads 'stopped'
+        assert coordinator.code == 0 and worker.code == 0
+        state = decode((folder / LAYOUT.state_file).read_bytes(), StateRecord)
+        assert (state.status, state.round) == ("stopped", 0)
+        said = [e for e in node_events(folder, "w1") if e.event == "coordinator_stopped"]
+        assert said and "coordinator coord stopped the experiment at round 0" in said[0].message
+    finally:
+        coordinator.stop.set()
+        worker.stop.set()

@@ -673,6 +673,7 @@ def test_a_checkpoint_is_due_after_checkpoint_minutes_whatever_the_round_interva
         "MODEL_CACHE_DIR": str(tmp_path / "models"),
         "CHECKPOINT_INTERVAL": "100",
         "CHECKPOINT_MINUTES": "5",
+        "KEEP_CHECKPOINTS": "2",  # both checkpoints stay, so the listing shows when each was written
     }
     now = [1000.0]
     monkeypatch.setattr(grpo_workload.time, "monotonic", lambda: now[0])
