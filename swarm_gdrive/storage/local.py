@@ -69,6 +69,7 @@ _warned: set[str] = set()
 #: Google Drive's top folders as Colab's mount (``/content/drive/MyDrive``) and Drive for desktop (``My Drive``)
 #: show them: a folder under one of them is on Drive, where a deleted file goes to Drive's trash.
 DRIVE_TOP_FOLDERS = frozenset({"MyDrive", "My Drive", "Shareddrives", "Shared drives"})
+SHARED_DRIVE_TOP_FOLDERS = frozenset({"Shareddrives", "Shared drives"})
 
 
 def on_google_drive(path: str | os.PathLike[str]) -> bool:
@@ -119,10 +120,14 @@ class LocalStorage:
         return f"local folder {self.root}"
 
     def free_space(self) -> Space:
-        """The file system's free bytes as it reports them (a mount's own figure, not checked against Drive's quota
-        here); OSError if unknown."""
-        usage = shutil.disk_usage(self.root)
+        """The file system's free bytes as it reports them; OSError if unknown. Colab's Drive mount reports the
+        account's Drive quota (``df -h /content/drive/MyDrive`` matches Drive's storage page: colabtools issue
+        6051); under a shared drive's folder that figure is the account's, not the shared drive's, so free is None
+        (unknown) there, as for a shared drive through the API."""
         where = ("the Google Drive mounted at " if self.on_google_drive else "the file system of ") + str(self.root)
+        if SHARED_DRIVE_TOP_FOLDERS & set(self.root.parts):
+            return Space(None, None, where, deletes_to_trash=True)
+        usage = shutil.disk_usage(self.root)
         return Space(usage.free, usage.total, where, deletes_to_trash=self.on_google_drive)
 
     def _path(self, rel: str) -> RootedPath:

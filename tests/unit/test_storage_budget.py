@@ -173,6 +173,9 @@ def test_a_local_folder_reports_its_file_system_and_whether_it_is_on_drive(tmp_p
     mounted = tmp_path / "drive" / "MyDrive" / "rl-swarm"
     mounted.mkdir(parents=True)
     assert LocalStorage(mounted).on_google_drive and free_space(LocalStorage(mounted)).deletes_to_trash
+    shared = tmp_path / "drive" / "Shareddrives" / "team" / "rl-swarm"  # a shared drive's room is not the account's
+    shared.mkdir(parents=True)
+    assert free_space(LocalStorage(shared)).free is None
 
 
 def test_a_checkpoint_is_warned_about_then_refused_before_anything_is_written(
