@@ -490,7 +490,15 @@ class Coordinator:
         """Write the state as ``stopped`` (seq + 1): the workers that follow the rounds read it, finish their round,
         checkpoint and exit, instead of waiting COORDINATOR_WAIT_TIMEOUT for a round that will not open."""
         stopped = state.model_copy(update={"status": "stopped", "seq": state.seq + 1, "updated_at": time.time()})
-        self.exchange.write_state(stopped)
+        try:
+            self.exchange.write_state(stopped)
+        except OSError as exc:  # the stop goes on: the workers then wait for it, as after a crash
+            logger.warning(
+                "could not write the state 'stopped' (%s): the workers wait for this coordinator up to "
+                "COORDINATOR_WAIT_TIMEOUT",
+                exc,
+            )
+            return
         message = (
             f"coordinator {self.node_id} stopped at round {state.round} ({state.status}): workers checkpoint and exit; "
             "start this coordinator again (same EXPERIMENT_NAME) to resume the round, then the workers"

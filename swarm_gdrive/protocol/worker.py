@@ -245,11 +245,13 @@ class Worker:
             state = self.states.read(target)
             if state is not None and self.states.overdue:
                 return state
-            if state is None or state.status == "waiting":
+            if state is None:
                 return None
             if state.status == "stopped":
                 return state if self._followed else self._await_restart(state)
-            self._followed = True
+            self._followed = True  # this process has seen the coordinator at work (waiting for workers too)
+            if state.status == "waiting":
+                return None
             return state if state.status == "finished" or state.round >= target else None
 
         self._state_pacer.expect(*(self.rounds.next_open() or (None, 0.0)))

@@ -133,6 +133,7 @@ def test_sigterm_keeps_the_last_round_trained_and_a_restarted_worker_resumes_fro
         (saved,) = [e for e in node_events(folder, "w1") if e.event == "checkpoint_on_stop"]
         assert saved.data["checkpoint_round"] == last
         assert any("received SIGTERM" in line and "saving a checkpoint" in line for line in worker.lines)
+        stop_saved = digest_of(folder, "w1", last)  # now: the run's last checkpoint may prune it (KEEP_CHECKPOINTS)
 
         again = NodeProcess("w1-again", {**env, "NODE_ID": "w1"})
         nodes.append(again)
@@ -142,7 +143,7 @@ def test_sigterm_keeps_the_last_round_trained_and_a_restarted_worker_resumes_fro
         stop_all([n for n in nodes if n.returncode is None], timeout=5)
     (resumed,) = [e for e in node_events(folder, "w1") if e.event == "resumed_from_checkpoint"]
     assert resumed.data["checkpoint_round"] == last
-    assert resumed.data["params"] == digest_of(folder, "w1", last)
+    assert resumed.data["params"] == stop_saved
     assert rewarded_rounds(folder, "w1") == list(range(6))  # no round lost, none played twice
 
 
@@ -323,11 +324,23 @@ def test_a_second_press_of_the_stop_button_interrupts_the_stop_at_once(tmp_path,
     assert decode((folder / LAYOUT.peer_file("w1")).read_bytes(), PeerRecord).status == "stopped"
 
 
-def test_workers_waiting_for_round_0_stop_with_their_coordinator(tmp_path):
+def test_workers_waiting_for_round_0_stop_with_their_coordinator(tmp_path, monkeypatch):
     """The coordinator stopped while round 0 still waits for MIN_WORKERS: the worker that joined it stops too
     (exit 0, coordinator_stopped), instead of waiting COORDINATOR_WAIT_TIMEOUT for a round that will not open."""
     from swarm_threads import Node
 
+    from swarm_gdrive.protocol.trust import StateFollower
+
+    seen_waiting = threading.Event()
+    read = StateFollower.read
+
+    def spy(self, target):  # the worker has trusted the coordinator's 'waiting' state: it has joined it
+        state = read(self, target)
+        if state is not None and state.status == "waiting":
+            seen_waiting.set()
+        return state
+
+    monkeypatch.setattr(StateFollower, "read", spy)
     folder = tmp_path / "drive"
     folder.mkdir()
     env = fast_env(folder, "stop", MIN_WORKERS=2, COORDINATOR_WAIT_TIMEOUT=300)
@@ -336,17 +349,7 @@ def test_workers_waiting_for_round_0_stop_with_their_coordinator(tmp_path):
     coordinator.start()
     worker.start()
     try:
-        wait_until(lambda: (folder / LAYOUT.peer_file("w1")).exists(), 60, "w1 joined", [])
-        wait_until(
-            lambda: (
-                any(e.event == "worker_started" for e in node_events(folder, "w1"))
-                if (folder / LAYOUT.events_file("w1")).exists()
-                else False
-            ),
-            60,
-            "w1 started",
-            [],
-        )
+        assert seen_waiting.wait(60)
         coordinator.stop.set()
         coordinator.join(60)
         worker.join(120)  # nobody stops it: it reads 'stopped'
