@@ -259,6 +259,26 @@ class ColabRuntime:
         records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
         return [r for r in records if name is None or r["call"] == name]
 
+    def interrupt(self) -> int:
+        """Colab's stop button: SIGINT to this runtime's kernel (the process whose COLAB_STANDIN_ROOT is ``root``).
+        Returns how many kernels it reached (one while a notebook runs)."""
+        import signal
+
+        mine = f"COLAB_STANDIN_ROOT={self.root}".encode()
+        reached = 0
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+                environ = (proc / "environ").read_bytes()
+            except OSError:  # gone, or not ours to read
+                continue
+            if b"ipykernel_launcher" in cmdline and mine in environ.split(b"\0"):
+                os.kill(int(proc.name), signal.SIGINT)
+                reached += 1
+        return reached
+
     def execute(self, notebook: str, out_dir: Path | None = None, **parameters: object) -> dict:
         """Run ``notebooks/{notebook}`` in this runtime with ``parameters`` (DRIVE_MOUNT set to its mount);
         returns the executed notebook. A failing cell raises papermill's error, with the traceback."""

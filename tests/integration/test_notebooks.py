@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -109,6 +108,10 @@ def wait_for(condition, timeout: float, what: str, box: dict) -> None:
     while not condition():
         if "error" in box:
             raise box["error"]
+        if "result" in box:
+            raise AssertionError(
+                f"{what} did not happen: the notebook ended first\n{output_text(box['result'])[-3000:]}"
+            )
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not happen within {timeout} s")
         time.sleep(0.2)
@@ -138,7 +141,8 @@ def test_coordinator_and_worker_in_two_colab_runtimes_install_from_the_drive_fol
     """Mount mode, as the README's quick start: the repository folder copied to My Drive is the package source.
     It installs without upgrading any package Colab ships and without writing into the Drive; the worker's Hub
     token comes from Colab's secrets into its environment only; each runtime flushes and unmounts Drive after
-    the last cell that reads it."""
+    the last cell that reads it. TEST_MODE ticked: both notebooks run the test preset's 3 rounds, not the form's
+    MAX_ROUNDS = 20."""
     drive = tmp_path / "drive"
     repository = copy_repository(drive / "MyDrive" / "swarm-gdrive")
     now = time.time()
@@ -146,7 +150,7 @@ def test_coordinator_and_worker_in_two_colab_runtimes_install_from_the_drive_fol
     before = files_under(repository)
     coordinator_rt = ColabRuntime(colab, tmp_path / "coordinator-runtime", drive)
     worker_rt = ColabRuntime(colab, tmp_path / "worker-runtime", drive, secrets={"HF_TOKEN": HF_SECRET})
-    common = {"EXPERIMENT_NAME": "pair", "WORKLOAD": "synthetic", "MAX_ROUNDS": 2, "NUM_TRANSPLANT_TREES": 0}
+    common = {"EXPERIMENT_NAME": "pair", "WORKLOAD": "synthetic", "TEST_MODE": True, "NUM_TRANSPLANT_TREES": 0}
     common["EXTRA_ENV"] = FAST
     experiment = drive / "MyDrive" / "rl-swarm" / "experiments" / "pair"
 
@@ -173,7 +177,9 @@ def test_coordinator_and_worker_in_two_colab_runtimes_install_from_the_drive_fol
     assert "node stopped, exit code 0" in output_text(coordinator)
     assert "node stopped, exit code 0" in output_text(worker)
     state = json.loads((experiment / "state" / "current_state.json").read_text())
-    assert (state["status"], state["round"]) == ("finished", 2)
+    assert (state["status"], state["round"]) == ("finished", 3)  # TEST_MODE's rounds, not the form's 20
+    for nb in (coordinator, worker):
+        assert "TEST_MODE: the test preset applies" in output_text(nb) and "MAX_ROUNDS=3 (not 20)" in output_text(nb)
     assert "worker-1" in cell_output(coordinator, "notebook.show_summary(env)")  # the reward table, before unmount
 
     # Installed from the Drive folder; the second runtime found it installed from the same, unchanged source.
@@ -363,107 +369,222 @@ def readers_on_a_drive_url(emu: DriveEmulator, tmp_path: Path) -> None:
     assert set(emu.authorizations[before:]) == {"Bearer test-reader"}
 
 
-# -- a recycled worker runtime reconnects with its NODE_ID and resumes its checkpoint ---------
+# -- the stop button, then a new runtime with the same NODE_ID resumes the worker ------------------
 
 
-def coordinator_process(folder: Path, rounds: int, model: str):
-    """The coordinator as a process of this environment (it runs all along in its own runtime in a real swarm)."""
+#: The worker notebook's shipped parameters this test changes, and why: the coordinator is not a notebook here,
+#: one worker has no peers to take external groups from (J = 0, else it would wait for peers every round), and
+#: the local disk plays the Drive (mount mode: the bytes written are counted on files).
+RESUME_OVERRIDES = {"STORAGE": "mount", "NUM_TRANSPLANT_TREES": 0, "EXPERIMENT_NAME": "reconnect", "MAX_ROUNDS": 4}
+#: The one protocol setting changed from the shipped defaults: a worker polls the state at most every 10 s by
+#: default, which would add up to 10 s to each round here; every timeout is the shipped one.
+RESUME_ENV = {"POLL_INTERVAL_MAX": "1"}
+
+
+def shipped_parameters(name: str) -> dict:
+    """The parameters cell of ``notebooks/{name}`` as shipped: {variable: value}."""
+    nb = json.loads((NOTEBOOKS / name).read_text())
+    (cell,) = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    scope: dict = {}
+    exec("".join(cell["source"]), scope)  # noqa: S102 - the repository's own notebook
+    return {k: v for k, v in scope.items() if k.isupper()}
+
+
+def fresh_runtime(colab: ColabEnvironment, root: Path, drive: Path) -> ColabRuntime:
+    """A new Colab runtime whose model cache is on its own disk (lost with it), as in Colab, not this machine's
+    (which another transformers version wrote)."""
+    return ColabRuntime(colab, root, drive, extra_env={"MODEL_CACHE_DIR": str(root / "model-cache")})
+
+
+def coordinator_process(folder: Path, params: dict):
+    """The coordinator as a process of this environment (it runs all along in its own runtime in a real swarm), with
+    the experiment definition the worker notebook's ``params`` give its node."""
+    from swarm_gdrive import notebook
     from swarm_gdrive.procs import NodeProcess
 
-    env = {
-        **FAST,
-        **RESUME_EXPERIMENT,
-        "GDRIVE_PATH": str(folder),
-        "MODEL_NAME": model,
-        "MAX_ROUNDS": str(rounds),
-        "MIN_WORKERS": "1",
-        "SWARM_LOCAL_DIR": str(folder.parent / "coordinator-local"),
-        "NODE_ROLE": "coordinator",
-        "NODE_ID": "coordinator",
-    }
+    env = notebook.node_env(
+        str(folder),
+        params["EXPERIMENT_NAME"],
+        small_model=params["SMALL_MODEL_SETTINGS"],
+        extra=RESUME_ENV,
+        storage=params["STORAGE"],
+        sync_lag=params["SYNC_LAG"],
+        WORKLOAD=params["WORKLOAD"],
+        MODEL_NAME=params["MODEL_NAME"],
+        MAX_ROUNDS=params["MAX_ROUNDS"],
+        NUM_TRAIN_SAMPLES=params["NUM_TRAIN_SAMPLES"],
+        NUM_GENERATIONS=params["NUM_GENERATIONS"],
+        NUM_TRANSPLANT_TREES=params["NUM_TRANSPLANT_TREES"],
+        SEED=params["SEED"],
+        MIN_WORKERS=1,
+        SWARM_LOCAL_DIR=str(folder.parent / "coordinator-local"),
+        NODE_ROLE="coordinator",
+        NODE_ID="coordinator",
+    )
     return NodeProcess("coordinator", env)
 
 
-#: The experiment of the resume test, as the coordinator and the worker notebook both define it.
-RESUME_EXPERIMENT = {
-    "EXPERIMENT_NAME": "reconnect",
-    "WORKLOAD": "grpo",
-    "NUM_TRAIN_SAMPLES": "2",
-    "NUM_GENERATIONS": "2",
-    "NUM_TRANSPLANT_TREES": "0",
-    "SEED": "42",
-    "TASKS": "basic_arithmetic",
-}
+class WriteCounter:
+    """Bytes the node ``node`` writes under ``folder`` (its files: a path part that is or starts with its name),
+    seen by scanning every 0.5 s, checkpoints apart from the rest. A file (an inode: a rename is not a write) that
+    grew since the last scan counts what it grew by (an appended log, a checkpoint being written); one rewritten
+    with no more bytes (a heartbeat) counts its whole size again. Deleted files (pruned checkpoints) count as seen."""
+
+    def __init__(self, folder: Path, node: str) -> None:
+        self.folder, self.node = folder, node
+        self.versions: dict[tuple[int, int], tuple[int, int]] = {}  # (device, inode) -> (size, mtime)
+        self.checkpoint_folders: set[str] = set()
+        self.checkpoint_bytes = 0
+        self.other_bytes = 0
+        self.largest_checkpoint = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.scan()
+
+    def _mine(self, path: Path) -> bool:
+        return any(part == self.node or part.startswith((self.node + ".", "." + self.node)) for part in path.parts)
+
+    def scan(self) -> None:
+        checkpoints: dict[Path, int] = {}
+        for path in list(self.folder.rglob("*")):
+            if not self._mine(path.relative_to(self.folder)):
+                continue
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            if not path.is_file():
+                continue
+            inode = (stat.st_dev, stat.st_ino)
+            before = self.versions.get(inode)
+            if before != (stat.st_size, stat.st_mtime_ns):
+                written = stat.st_size - before[0] if before and stat.st_size > before[0] else stat.st_size
+                if "checkpoints" in path.parts:
+                    self.checkpoint_bytes += written
+                else:
+                    self.other_bytes += written
+                self.versions[inode] = (stat.st_size, stat.st_mtime_ns)
+            if "checkpoints" in path.parts:
+                self.checkpoint_folders.add(path.parent.name)
+                checkpoints[path.parent] = checkpoints.get(path.parent, 0) + stat.st_size
+        self.largest_checkpoint = max([self.largest_checkpoint, *checkpoints.values()])
+
+    def stop(self) -> None:
+        """Stop scanning, after one last scan."""
+        self._stop.set()
+        self._thread.join(5)
+        self.scan()
 
 
 @COLD_BUILD
-def test_a_worker_reconnecting_in_a_new_runtime_with_its_node_id_resumes_its_checkpoint(colab, tmp_path, tiny_model):
-    """worker.ipynb in one runtime trains rounds 0-1 and checkpoints; the runtime is recycled (its disk, so its
-    SWARM_LOCAL_DIR, is gone); the same notebook with the same NODE_ID in a new runtime resumes from that
-    checkpoint in the shared folder and plays only the rounds it had not played. It trains LoRA adapters with
-    gradient checkpointing (the worker notebook's LORA_R and GRADIENT_CHECKPOINTING), as on a T4."""
+@pytest.mark.timeout(1500)
+def test_the_stop_button_keeps_the_round_and_a_new_runtime_with_the_node_id_resumes_it(colab, tmp_path):
+    """worker.ipynb with its shipped settings (the packaged SmolLM2-135M, SMALL_MODEL_SETTINGS, CHECKPOINT_MINUTES
+    = 15 and the default CHECKPOINT_INTERVAL of 10 rounds, so no checkpoint is due in this run) trains; after round 1
+    the user presses the stop button (SIGINT to the kernel): the worker saves a checkpoint of the last round it
+    trained before it exits 0. The runtime is recycled (its disk, so its SWARM_LOCAL_DIR, is gone); the same
+    notebook with the same NODE_ID in a new runtime resumes from that checkpoint and plays only the rounds it had
+    not played: the swarm loses no round. Measured on the way: the bytes the worker wrote to the folder per hour
+    and the size of its checkpoint."""
+    params = {**shipped_parameters("worker.ipynb"), **RESUME_OVERRIDES}
     drive = tmp_path / "drive"
     folder = drive / "MyDrive" / "rl-swarm"
     folder.mkdir(parents=True)
     copy_repository(drive / "MyDrive" / "swarm-gdrive")
+    experiment = folder / "experiments" / params["EXPERIMENT_NAME"]
+    logs = experiment / "logs" / "worker-1"
+    counter = WriteCounter(experiment, "worker-1")
     notebook_params = {
-        "EXPERIMENT_NAME": RESUME_EXPERIMENT["EXPERIMENT_NAME"],
-        "WORKLOAD": "grpo",
-        "MODEL_NAME": tiny_model,
-        "SMALL_MODEL_SETTINGS": False,
-        "MAX_ROUNDS": 2,
-        "NUM_TRAIN_SAMPLES": 2,
-        "NUM_GENERATIONS": 2,
-        "NUM_TRANSPLANT_TREES": 0,
+        **{k: v for k, v in RESUME_OVERRIDES.items() if k != "STORAGE"},  # storage_params sets it
         "NODE_ID": "worker-1",
         "DEVICE": "cpu",
-        "LORA_R": 4,  # a T4 user's bigger model: LoRA adapters, checkpointed and resumed through the notebook
-        "GRADIENT_CHECKPOINTING": True,
-        "CHECKPOINT_MINUTES": 15,
-        "EXTRA_ENV": {
-            **FAST,
-            "TASKS": "basic_arithmetic",
-            "CHECKPOINT_INTERVAL": "1",
-            "MAX_NEW_TOKENS": "8",
-            "EVAL_INTERVAL": "0",
-        },
+        "EXTRA_ENV": RESUME_ENV,
     }
-    runs = []
-    for phase, rounds in enumerate((2, 3)):
-        runtime = ColabRuntime(colab, tmp_path / f"worker-runtime-{phase}", drive)
-        coordinator = coordinator_process(folder, rounds, tiny_model)
-        try:
-            started = time.time()
-            nb = runtime.execute(
-                "worker.ipynb",
-                SWARM_LOCAL_DIR=str(runtime.root / "local"),  # on the runtime's own disk: lost with it
-                **storage_params(runtime, "swarm-gdrive"),
-                **notebook_params,
-            )
-            try:
-                code = coordinator.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                code = None
-            assert code == 0, "\n".join(coordinator.lines[-30:]) + output_text(nb)[-3000:]
-        finally:
-            if coordinator.returncode is None:
-                coordinator.kill()
-        assert "node stopped, exit code 0" in output_text(nb)
-        runs.append(started)
 
-    logs = folder / "experiments" / "reconnect" / "logs" / "worker-1"
+    def trained() -> list[int]:
+        path = logs / "metrics.jsonl"
+        return [m["round"] for m in read_jsonl(path) if "round/seconds" in m["values"]] if path.exists() else []
+
+    # Runtime 1: trains until round 1 is done, then the stop button.
+    coordinator = coordinator_process(folder, params)
+    runtime = fresh_runtime(colab, tmp_path / "worker-runtime-0", drive)
+    started = time.time()
+    try:
+        thread, box = in_background(
+            runtime.execute,
+            "worker.ipynb",
+            SWARM_LOCAL_DIR=str(runtime.root / "local"),  # on the runtime's own disk: lost with it
+            **storage_params(runtime, "swarm-gdrive", "mount"),
+            **notebook_params,
+        )
+        wait_for(lambda: 1 in trained(), 900, "round 1 of the worker", box)
+        assert runtime.interrupt() == 1  # the stop button
+        first = finish(thread, box, timeout=300)
+    finally:
+        coordinator.terminate()
+    text = output_text(first)
+    assert "interrupted: the node finishes its current step" in text and "node stopped, exit code 0" in text
+    events = read_jsonl(logs / "training_events.jsonl")
+    (saved,) = [e for e in events if e["event"] == "checkpoint_on_stop"]
+    stopped_at = saved["data"]["checkpoint_round"]
+    assert stopped_at == max(trained()) >= 1  # the last round it trained, not an older checkpoint
+    checkpoints = experiment / "checkpoints" / "worker-1"
+    assert (checkpoints / f"round_{stopped_at}" / "checkpoint.json").exists()
+    assert [p.name for p in checkpoints.iterdir() if p.name.startswith("round_")] == [f"round_{stopped_at}"]
+    played_first = trained()
+
+    # Runtime 2, after the first was recycled: the same notebook and NODE_ID resume the stop-button checkpoint.
+    coordinator = coordinator_process(folder, params)
+    runtime = fresh_runtime(colab, tmp_path / "worker-runtime-1", drive)
+    resumed_at = time.time()
+    try:
+        second = runtime.execute(
+            "worker.ipynb",
+            SWARM_LOCAL_DIR=str(runtime.root / "local"),
+            **storage_params(runtime, "swarm-gdrive", "mount"),
+            **notebook_params,
+        )
+        code = coordinator.wait(timeout=120)
+    finally:
+        if coordinator.returncode is None:
+            coordinator.terminate()
+    assert code == 0, "\n".join(coordinator.lines[-30:])
+    assert "node stopped, exit code 0" in output_text(second)
     events = read_jsonl(logs / "training_events.jsonl")
     resumed = [e for e in events if e["event"] == "resumed_from_checkpoint"]
-    assert len(resumed) == 1 and resumed[0]["data"]["checkpoint_round"] == 1 and resumed[0]["ts"] > runs[1]
+    assert len(resumed) == 1 and resumed[0]["data"]["checkpoint_round"] == stopped_at
+    assert resumed[0]["ts"] > resumed_at
     assert not [e for e in events if e["event"] == "resumed_without_checkpoint"]
-    played = [m["round"] for m in read_jsonl(logs / "metrics.jsonl") if "round/seconds" in m["values"]]
-    assert played == [0, 1, 2]  # rounds 0 and 1 in the first runtime, only round 2 in the second
-    checkpoints = folder / "experiments" / "reconnect" / "checkpoints" / "worker-1"
-    assert (checkpoints / "round_2" / "checkpoint.json").exists()
-    assert (checkpoints / "round_2" / "adapter_model.safetensors").exists()
-    assert not (checkpoints / "round_2" / "model.safetensors").exists()
-    assert "training LoRA adapters (r=4, all-linear)" in output_text(nb) and "gradient checkpointing on" in output_text(
-        nb
+    played = trained()
+    assert played[: len(played_first)] == played_first
+    assert played == list(range(params["MAX_ROUNDS"]))  # every round once: none lost, none played twice
+    state = json.loads((experiment / "state" / "current_state.json").read_text())
+    assert (state["status"], state["round"]) == ("finished", params["MAX_ROUNDS"])
+
+    # What the worker wrote to the folder with the shipped settings, measured on its files (docs/colab.md cites it).
+    counter.stop()
+    saved_rounds = {name for name in counter.checkpoint_folders if name.startswith("round_")}
+    assert counter.largest_checkpoint > 0 and counter.other_bytes > 0
+    round_s = [
+        m["values"]["round/seconds"] for m in read_jsonl(logs / "metrics.jsonl") if "round/seconds" in m["values"]
+    ]
+    per_round = counter.other_bytes / len(played)
+    rounds_per_hour = 3600 / (sum(round_s) / len(round_s))
+    # A checkpoint every CHECKPOINT_INTERVAL rounds, and one when CHECKPOINT_MINUTES have passed since the last.
+    per_hour_checkpoints = max(rounds_per_hour / 10, 60 / params["CHECKPOINT_MINUTES"])
+    print(
+        f"\nMEASURED worker.ipynb, shipped settings (model {params['MODEL_NAME']}, LORA_R={params['LORA_R']}, "
+        f"CHECKPOINT_MINUTES={params['CHECKPOINT_MINUTES']}): a checkpoint is {counter.largest_checkpoint:,} bytes "
+        f"({len(saved_rounds)} written, {counter.checkpoint_bytes:,} bytes in all); the other files "
+        f"{counter.other_bytes:,} bytes in {len(played)} rounds ({per_round:,.0f} a round); a round took "
+        f"{sum(round_s) / len(round_s):.1f} s on this CPU. An hour at that pace: about {per_hour_checkpoints:.1f} "
+        f"checkpoints and {rounds_per_hour:.0f} rounds, "
+        f"{per_hour_checkpoints * counter.largest_checkpoint + rounds_per_hour * per_round:,.0f} bytes an hour; "
+        f"{time.time() - started:.0f} s for both runtimes"
     )
 
 
