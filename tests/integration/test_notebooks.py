@@ -619,18 +619,15 @@ def study(colab, tmp_path_factory) -> tuple[Path, dict]:
 
 @COLD_BUILD
 def test_test_mode_notebook_passes_the_validator(colab, tmp_path):
+    """test_mode.ipynb with its shipped settings (2 workers, J = 1, the synthetic workload, every timeout as
+    shipped); only the folders are the test's (the Drive on a local folder in mount mode, SWARM_LOCAL_DIR)."""
     drive = tmp_path / "drive"
     copy_repository(drive / "MyDrive" / "swarm-gdrive")
     runtime = ColabRuntime(colab, tmp_path / "runtime", drive)
     nb = runtime.execute(
         "test_mode.ipynb",
         EXPERIMENT_NAME="tm",
-        NUM_WORKERS=2,
-        NUM_TRANSPLANT_TREES=1,
-        WORKLOAD="synthetic",
-        TIMEOUT_SECONDS=90,
         SWARM_LOCAL_DIR=str(runtime.root / "local"),
-        EXTRA_ENV=FAST,
         **storage_params(runtime, "swarm-gdrive"),
     )
     text = output_text(nb)
