@@ -293,3 +293,43 @@ def test_in_colab_a_drive_api_proxy_carries_the_sign_in_and_the_timeout_warning_
         assert "per-request timeout" not in caplog.text
     with pytest.raises(ValueError, match="with STORAGE='api': use a folder of My Drive"):
         notebook.shared_folder("api", str(tmp_path), "/content/drive", env)
+
+
+def test_in_api_mode_the_install_cell_reads_package_source_through_the_drive_api_and_says_what_is_wrong(
+    tmp_path, monkeypatch
+):
+    """STORAGE=api: the install cell of worker.ipynb as written finds PACKAGE_SOURCE on My Drive through the Drive
+    API with the sign-in's credentials (the default ones: GOOGLE_APPLICATION_CREDENTIALS here), without a mount,
+    and refuses a path that is not there, a folder that is not the repository and a file that is not a wheel."""
+    with DriveEmulator() as emu:
+        emu.accept_token("signed-in")
+        token = tmp_path / "adc.json"
+        token.write_text(
+            json.dumps(
+                {
+                    "type": "authorized_user",
+                    "client_id": "c",
+                    "client_secret": "s",
+                    "refresh_token": "r",
+                    "token": "signed-in",
+                    "expiry": (datetime.now(timezone.utc) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                }
+            )
+        )
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(token))
+        not_repository = emu.create_duplicate_folder(emu.my_drive_id, "swarm-gdrive")
+        emu.create_file(not_repository, "setup.py", b"")
+        emu.create_file(emu.my_drive_id, "notes.txt", b"x")
+        code = compile(source(code_cells("worker.ipynb")[2]), "install-cell", "exec")
+
+        def install(package_source: str) -> None:
+            scope = {"IN_COLAB": True, "PACKAGE_SOURCE": package_source, "DRIVE_MOUNT": "/content/drive"}
+            exec(code, {**scope, "STORAGE": "api", "EXTRA_ENV": {"GDRIVE_API_URL": emu.root_url}})
+
+        with pytest.raises(FileNotFoundError, match=r"'/content/drive/MyDrive/nowhere' does not exist on your Drive"):
+            install("/content/drive/MyDrive/nowhere")
+        with pytest.raises(ValueError, match="is a folder but not the swarm-gdrive repository"):
+            install("/content/drive/MyDrive/swarm-gdrive")
+        with pytest.raises(ValueError, match=r"is a file but not a wheel \(\.whl\)"):
+            install(f"gdrive://{emu.my_drive_id}/notes.txt")
+        assert emu.authorizations and set(emu.authorizations) == {"Bearer signed-in"}
