@@ -151,7 +151,7 @@ def test_coordinator_and_worker_in_two_colab_runtimes_install_from_the_drive_fol
     coordinator_rt = ColabRuntime(colab, tmp_path / "coordinator-runtime", drive)
     worker_rt = ColabRuntime(colab, tmp_path / "worker-runtime", drive, secrets={"HF_TOKEN": HF_SECRET})
     common = {"EXPERIMENT_NAME": "pair", "WORKLOAD": "synthetic", "TEST_MODE": True, "NUM_TRANSPLANT_TREES": 0}
-    common["EXTRA_ENV"] = FAST
+    common["EXTRA_ENV"] = {"SYNC_LAG": "0"}  # shipped timeouts for a folder without lag (the runtimes share it)
     experiment = drive / "MyDrive" / "rl-swarm" / "experiments" / "pair"
 
     thread, box = in_background(
@@ -258,7 +258,7 @@ def test_api_mode_signs_in_and_the_nodes_and_readers_use_the_drive_api(colab, wh
             for role in ("coordinator", "worker", "monitor")
         }
         common = {"EXPERIMENT_NAME": "pair", "WORKLOAD": "synthetic", "MAX_ROUNDS": 2, "NUM_TRANSPLANT_TREES": 0}
-        common["EXTRA_ENV"] = {**FAST, "GDRIVE_API_URL": emu.root_url}
+        common["EXTRA_ENV"] = {"GDRIVE_API_URL": emu.root_url}  # the shipped timeouts (SYNC_LAG auto: 0 in api mode)
         rt = runtimes["coordinator"]
         thread, box = in_background(
             rt.execute,
