@@ -376,9 +376,11 @@ def readers_on_a_drive_url(emu: DriveEmulator, tmp_path: Path) -> None:
 #: one worker has no peers to take external groups from (J = 0, else it would wait for peers every round), and
 #: the local disk plays the Drive (mount mode: the bytes written are counted on files).
 RESUME_OVERRIDES = {"STORAGE": "mount", "NUM_TRANSPLANT_TREES": 0, "EXPERIMENT_NAME": "reconnect", "MAX_ROUNDS": 4}
-#: The one protocol setting changed from the shipped defaults: a worker polls the state at most every 10 s by
-#: default, which would add up to 10 s to each round here; every timeout is the shipped one.
-RESUME_ENV = {"POLL_INTERVAL_MAX": "1"}
+#: The protocol settings changed from the shipped defaults: a worker polls the state at most every 10 s by
+#: default, which would add up to 10 s to each round here; and the local folder has no lag, so SYNC_LAG = 0
+#: (mount mode's auto, 90 s, makes the worker wait 92 s before it trusts the state that ends the experiment).
+#: Every timeout follows from these as shipped.
+RESUME_ENV = {"POLL_INTERVAL_MAX": "1", "SYNC_LAG": "0"}
 
 
 def shipped_parameters(name: str) -> dict:
