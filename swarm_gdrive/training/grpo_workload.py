@@ -434,7 +434,8 @@ class GRPOWorkload:
             return metrics
         minutes = self.config.checkpoint_minutes
         overdue = minutes > 0 and time.monotonic() - self._checkpointed_at >= minutes * 60
-        due = (round_ + 1) % self.config.checkpoint_interval == 0 or overdue or final
+        interval = self.config.checkpoint_interval
+        due = (interval > 0 and (round_ + 1) % interval == 0) or overdue or final
         if due and self._last_checkpoint != round_:
             started = time.monotonic()
             self._save(round_)

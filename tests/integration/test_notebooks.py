@@ -11,6 +11,7 @@ nothing mounted). The synthetic workload or the tiny model keeps them fast.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -486,7 +487,7 @@ class WriteCounter:
 @pytest.mark.timeout(1500)
 def test_the_stop_button_keeps_the_round_and_a_new_runtime_with_the_node_id_resumes_it(colab, tmp_path):
     """worker.ipynb with its shipped settings (the packaged SmolLM2-135M, SMALL_MODEL_SETTINGS, CHECKPOINT_MINUTES
-    = 15 and the default CHECKPOINT_INTERVAL of 10 rounds, so no checkpoint is due in this run) trains; after round 1
+    = 30 and the default CHECKPOINT_INTERVAL of 0, so no checkpoint is due in this run) trains; after round 1
     the user presses the stop button (SIGINT to the kernel): the worker saves a checkpoint of the last round it
     trained before it exits 0. The runtime is recycled (its disk, so its SWARM_LOCAL_DIR, is gone); the same
     notebook with the same NODE_ID in a new runtime resumes from that checkpoint and plays only the rounds it had
@@ -576,8 +577,12 @@ def test_the_stop_button_keeps_the_round_and_a_new_runtime_with_the_node_id_resu
     ]
     per_round = counter.other_bytes / len(played)
     rounds_per_hour = 3600 / (sum(round_s) / len(round_s))
-    # A checkpoint every CHECKPOINT_INTERVAL rounds, and one when CHECKPOINT_MINUTES have passed since the last.
-    per_hour_checkpoints = max(rounds_per_hour / 10, 60 / params["CHECKPOINT_MINUTES"])
+    # A checkpoint every CHECKPOINT_INTERVAL rounds (the shipped default: 0, none), and one when CHECKPOINT_MINUTES
+    # have passed since the last.
+    from swarm_gdrive.config import Config
+
+    interval = {f.name: f.default for f in dataclasses.fields(Config)}["checkpoint_interval"]
+    per_hour_checkpoints = max(rounds_per_hour / interval if interval else 0, 60 / params["CHECKPOINT_MINUTES"])
     print(
         f"\nMEASURED worker.ipynb, shipped settings (model {params['MODEL_NAME']}, LORA_R={params['LORA_R']}, "
         f"CHECKPOINT_MINUTES={params['CHECKPOINT_MINUTES']}): a checkpoint is {counter.largest_checkpoint:,} bytes "

@@ -255,7 +255,7 @@ def test_defaults(base: dict[str, str], tmp_path: Path, monkeypatch: pytest.Monk
         "epsilon": 0.2,
         "epsilon_high": 0.28,
         "format_reward_weight": 0.0,
-        "checkpoint_interval": 10,
+        "checkpoint_interval": 0,
         "checkpoint_minutes": 30.0,
         "stop_checkpoint_min_seconds": 60.0,
         "keep_checkpoints": 1,

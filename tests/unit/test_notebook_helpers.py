@@ -60,7 +60,7 @@ def test_every_notebook_starts_with_parameters_then_connect_then_install_and_ask
 def test_worker_notebooks_take_node_id_checkpoint_minutes_and_the_hub_secret():
     for name in GPU_NOTEBOOKS:
         params, text = source(code_cells(name)[0]), "".join(source(c) for c in code_cells(name))
-        assert "CHECKPOINT_MINUTES = 15" in params and "CHECKPOINT_MINUTES=CHECKPOINT_MINUTES" in text, name
+        assert "CHECKPOINT_MINUTES = 30" in params and "CHECKPOINT_MINUTES=CHECKPOINT_MINUTES" in text, name
         assert 'HF_TOKEN_SECRET = ""' in params and "hub_token_secret=HF_TOKEN_SECRET" in text, name
     assert "NODE_ID=notebook.require_node_id(NODE_ID)" in "".join(source(c) for c in code_cells("worker.ipynb"))
 

@@ -651,10 +651,12 @@ def test_kl_to_an_identical_reference_is_zero(model: Any, tokenizer: Any) -> Non
 # --- checkpoint cadence -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("interval", ["100", "0", None])
 def test_a_checkpoint_is_due_after_checkpoint_minutes_whatever_the_round_interval(
-    tmp_path: Path, tiny_folder: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tiny_folder: Path, monkeypatch: pytest.MonkeyPatch, interval: str | None
 ) -> None:
-    """CHECKPOINT_MINUTES bounds what a disconnected runtime loses even when CHECKPOINT_INTERVAL is far off."""
+    """CHECKPOINT_MINUTES bounds what a disconnected runtime loses even when CHECKPOINT_INTERVAL is far off; with
+    CHECKPOINT_INTERVAL 0 (the default) only the clock makes one due, however many rounds pass."""
     import threading
 
     from swarm_gdrive.config import from_env
@@ -671,10 +673,9 @@ def test_a_checkpoint_is_due_after_checkpoint_minutes_whatever_the_round_interva
         "DEVICE": "cpu",
         "SWARM_LOCAL_DIR": str(tmp_path / "local"),
         "MODEL_CACHE_DIR": str(tmp_path / "models"),
-        "CHECKPOINT_INTERVAL": "100",
         "CHECKPOINT_MINUTES": "5",
         "KEEP_CHECKPOINTS": "2",  # both checkpoints stay, so the listing shows when each was written
-    }
+    } | ({"CHECKPOINT_INTERVAL": interval} if interval is not None else {})
     now = [1000.0]
     monkeypatch.setattr(grpo_workload.time, "monotonic", lambda: now[0])
     workload = grpo_workload.GRPOWorkload(from_env(env), LocalStorage(env["GDRIVE_PATH"]), "w1", threading.Event())
@@ -695,6 +696,9 @@ def test_a_checkpoint_is_due_after_checkpoint_minutes_whatever_the_round_interva
     now[0] += 4 * 60
     workload.end_round(3, final=False)
     assert rounds_saved() == ["round_1", "round_3"]
+    for round_ in range(4, 40):  # many fast rounds: none due before the clock's 5 minutes
+        workload.end_round(round_, final=False)
+    assert rounds_saved() == ["round_1", "round_3"]  # the old default of 10 rounds would have saved round_9, ...
 
 
 # --- learning-rate warmup and weight decay (WARMUP_STEPS, WEIGHT_DECAY) ---------------------------------------------
