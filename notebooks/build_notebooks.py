@@ -133,7 +133,14 @@ else:
         documents = os.path.join(os.path.dirname(googleapiclient.__file__), "discovery_cache", "documents")
         with open(os.path.join(documents, "drive.v3.json")) as fh:
             document = json.load(fh)
-        if api_url:
+        if api_url:  # the sign-in's token goes there: only https, or http on this machine (as the package checks)
+            from urllib.parse import urlsplit
+
+            url = urlsplit(api_url)
+            host = (url.hostname or "").lower()
+            local = host in ("localhost", "::1") or host.startswith("127.")
+            if not (url.scheme == "https" and host or url.scheme == "http" and local):
+                raise ValueError(f"GDRIVE_API_URL={api_url!r}: use https://, or http:// on localhost")
             document["rootUrl"] = api_url.rstrip("/") + "/"
         service = build_from_document(document, credentials=credentials)
         folder_type = "application/vnd.google-apps.folder"

@@ -1048,6 +1048,8 @@ def build_service(
     _quiet_per_request_timeout_warning()
     auth: dict[str, Any]
     if http is not None:
+        if api_url is not None:
+            check_credentialed_url(api_url)  # an authorized http carries the sign-in's token
         auth = {"http": http}
     elif api_url is not None and not (credentials_file or token_file) and not _in_colab():
         # Another endpoint (a proxy, the test emulator) and no key: do not look for Google's default
@@ -1058,6 +1060,8 @@ def build_service(
         logger.warning("GDRIVE_API_URL is set and no credentials are: talking to %s anonymously", api_url)
         auth = {"credentials": AnonymousCredentials()}
     else:
+        if api_url is not None:
+            check_credentialed_url(api_url)
         auth = {"credentials": find_credentials(credentials_file, token_file)}
     if api_url is None:
         return build("drive", "v3", cache_discovery=False, **auth)
@@ -1067,6 +1071,27 @@ def build_service(
     doc = json.loads(open(doc_path, encoding="utf-8").read())  # noqa: SIM115
     doc["rootUrl"] = api_url if api_url.endswith("/") else api_url + "/"
     return build_from_document(doc, **auth)
+
+
+_LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def check_credentialed_url(api_url: str) -> None:
+    """Refuse a GDRIVE_API_URL that would carry Google credentials (a bearer token for the whole Drive) in the
+    clear: only ``https://`` or plain ``http://`` to this machine's loopback address (a local proxy or emulator)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(api_url)
+    host = (parts.hostname or "").lower()
+    if parts.scheme == "https" and host:
+        return
+    if parts.scheme == "http" and (host in _LOOPBACK_HOSTS or host.startswith("127.")):
+        return
+    raise ValueError(
+        f"GDRIVE_API_URL={api_url!r} would receive your Google credentials (a token for your whole Drive) "
+        "unencrypted or at an address that is not a URL: use an https:// endpoint, or http:// on this machine "
+        "(localhost, 127.0.0.1, ::1); unset GDRIVE_API_URL to talk to Google"
+    )
 
 
 def _in_colab() -> bool:

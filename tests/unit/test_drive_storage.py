@@ -386,3 +386,27 @@ def test_the_emulator_enforces_drives_property_limits_and_the_scheme_fits_them(e
     service.files().create(body={"name": "p", "properties": {"k": "v" * 123}}).execute()  # 124 bytes: the limit
     storage_for(emu).write_bytes("fit/max.json", b"z" * drive_module.INLINE_MAX_BYTES)
     assert len(_properties(emu, "max.json")) == drive_module.INLINE_PARTS <= 30
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://proxy.example.com:8080/", "http://10.0.0.5/", "ftp://example.com/", "drive.example.com", "https:///x"],
+)
+def test_credentials_never_go_to_a_cleartext_or_malformed_api_url(url: str) -> None:
+    """GDRIVE_API_URL with credentials: a bearer token for the whole Drive goes there, so only https or this
+    machine's loopback; the refusal names the variable and the fix."""
+    from swarm_gdrive.storage.drive import build_service, check_credentialed_url
+
+    with pytest.raises(ValueError, match=r"GDRIVE_API_URL=.*https://"):
+        check_credentialed_url(url)
+    with pytest.raises(ValueError, match="GDRIVE_API_URL"):
+        build_service(token_file="/nonexistent/token.json", api_url=url)
+
+
+@pytest.mark.parametrize(
+    "url", ["https://drive-proxy.example.com/", "http://127.0.0.1:8123/", "http://localhost:9/", "http://[::1]:80/"]
+)
+def test_https_and_loopback_api_urls_may_carry_credentials(url: str) -> None:
+    from swarm_gdrive.storage.drive import check_credentialed_url
+
+    check_credentialed_url(url)  # no refusal

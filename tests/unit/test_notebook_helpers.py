@@ -333,3 +333,13 @@ def test_in_api_mode_the_install_cell_reads_package_source_through_the_drive_api
         with pytest.raises(ValueError, match=r"is a file but not a wheel \(\.whl\)"):
             install(f"gdrive://{emu.my_drive_id}/notes.txt")
         assert emu.authorizations and set(emu.authorizations) == {"Bearer signed-in"}
+        # The sign-in's token never goes to a GDRIVE_API_URL in the clear (a proxy elsewhere on the network).
+        calls = len(emu.authorizations)
+        scope = {
+            "IN_COLAB": True,
+            "PACKAGE_SOURCE": "/content/drive/MyDrive/swarm-gdrive",
+            "DRIVE_MOUNT": "/content/drive",
+        }
+        with pytest.raises(ValueError, match=r"GDRIVE_API_URL='http://proxy.example.com/': use https://"):
+            exec(code, {**scope, "STORAGE": "api", "EXTRA_ENV": {"GDRIVE_API_URL": "http://proxy.example.com/"}})
+        assert len(emu.authorizations) == calls
