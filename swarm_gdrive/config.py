@@ -374,7 +374,8 @@ class Config:
     gdrive_api_url: str | None = _env(
         "GDRIVE_API_URL",
         None,
-        "gdrive:// and pydrive2:// only: another Drive v3 endpoint (a proxy, or the test emulator); unset: Google's.",
+        "gdrive:// and pydrive2:// only: another Drive v3 endpoint (a proxy, or the test emulator); unset: Google's. "
+        "Credentials go there only over https://, or http:// on this machine's loopback.",
         _parse_optional_text,
     )
     pydrive2_settings: str = _env(
@@ -633,7 +634,8 @@ class Config:
         "CHECKPOINT_MINUTES",
         30.0,
         "Also checkpoint when this many minutes have passed since the last checkpoint, so that a disconnected "
-        "runtime (Colab recycles idle ones) loses at most this much training; 0 is off (rounds only).",
+        "runtime (Colab recycles idle ones) loses at most this much training; 0 is off (then a worker checkpoints "
+        "every CHECKPOINT_INTERVAL rounds if that is set, and at the end and when stopped).",
         _parse_float(0.0, 1e6),
     )
     stop_checkpoint_min_seconds: float = _env(

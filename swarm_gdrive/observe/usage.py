@@ -126,5 +126,5 @@ def low_space(usage: FolderUsage) -> str | None:
         f"{space.where} has {human(space.free)} free, room for {space.free // usage.largest_checkpoint} more "
         f"checkpoint(s) of {human(usage.largest_checkpoint)}: a worker stops before one that does not fit. Empty "
         "Drive's trash, delete old experiments, or make checkpoints smaller or rarer (CHECKPOINT_OPTIMIZER=none, "
-        "LORA_R, KEEP_CHECKPOINTS=1, a larger CHECKPOINT_MINUTES; docs/storage.md)"
+        "LORA_R, KEEP_CHECKPOINTS=1 if it is higher, a larger CHECKPOINT_MINUTES; docs/storage.md)"
     )

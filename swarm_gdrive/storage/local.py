@@ -74,7 +74,8 @@ SHARED_DRIVE_TOP_FOLDERS = frozenset({"Shareddrives", "Shared drives"})
 
 def on_google_drive(path: str | os.PathLike[str]) -> bool:
     """True if ``path`` lies under a top folder of a mounted or synced Google Drive (:data:`DRIVE_TOP_FOLDERS`).
-    Used for messages only (deletes there fill Drive's trash), never to change what a node does."""
+    Used for messages (deletes there fill Drive's trash) and to report the room left (:meth:`LocalStorage.free_space`:
+    a shared drive's folder has no figure of its own); never to change what a node writes or reads."""
     return bool(DRIVE_TOP_FOLDERS & set(Path(path).parts))
 
 

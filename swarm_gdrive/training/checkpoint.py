@@ -257,7 +257,8 @@ def check_space(storage: Storage, round_: int, needed: int) -> Space | None:
     )
     fixes += (
         "delete old experiments, or make checkpoints smaller or rarer: CHECKPOINT_OPTIMIZER=none (the weights "
-        "alone), LORA_R=16 (adapters alone), KEEP_CHECKPOINTS=1, a larger CHECKPOINT_MINUTES (docs/storage.md)"
+        "alone), LORA_R=16 (adapters alone), KEEP_CHECKPOINTS=1 if it is higher, a larger CHECKPOINT_MINUTES "
+        "(docs/storage.md)"
     )
     used = f"{_size(space.total - space.free)} of {_size(space.total)} used{trash}" if space.total else "no limit"
     room = (space.free - SPACE_RESERVE_BYTES) // max(needed, 1)  # checkpoints that fit, this one included
