@@ -230,7 +230,7 @@ def summarise(folder: Path, experiment: str, rounds: int | None = None) -> dict:
         "external_groups_mean": float(rewards["external_groups"].mean()) if not rewards.empty else math.nan,
         "eval_pass1_first": first,
         "eval_pass1_last": last,
-        "eval_pass1_first_se": pass1_at(evals, rounds_evaluated[0])[1] if rounds_evaluated else None,
+        "eval_pass1_first_se": pass1_at(evals, rounds_evaluated[0])[1] if len(rounds_evaluated) > 1 else None,
         "eval_pass1_last_se": pass1_at(evals, rounds_evaluated[-1])[1] if rounds_evaluated else None,
         "eval": evals,
     }

@@ -528,6 +528,9 @@ BASELINE = "8/0"  #@param {type:"string"}
 NUM_WORKERS = 4  #@param {type:"integer"}
 MAX_ROUNDS = 20  #@param {type:"integer"}
 NUM_GENERATIONS = 8  #@param {type:"integer"}
+# A quick check of the study: the test preset's 3 rounds and G = 4 in every configuration (I and J stay the
+# configurations'); the evaluation before round 0 stays on, the baseline each configuration's change is measured from.
+TEST_MODE = False  #@param {type:"boolean"}
 WORKLOAD = "grpo"  #@param ["grpo", "synthetic"]
 MODEL_NAME = "SmolLM2-135M-Instruct"  #@param {type:"string"}
 DEVICE = "auto"  #@param ["auto", "cpu", "cuda", "cuda:0"]
@@ -552,6 +555,8 @@ env = notebook.node_env(
     DEVICE=notebook.pick_device(DEVICE),
     MAX_ROUNDS=MAX_ROUNDS,
     NUM_GENERATIONS=NUM_GENERATIONS,
+    TEST_MODE=TEST_MODE,
+    study=True,
     MIN_WORKERS=NUM_WORKERS,
     SWARM_LOCAL_DIR=SWARM_LOCAL_DIR,
 )

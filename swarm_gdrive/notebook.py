@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -283,12 +283,18 @@ def node_env(
     drive_mount: str = DRIVE_MOUNT,
     hub_token_secret: str = "",
     sync_lag: str | float | None = None,
+    study: bool = False,
     **values: object,
 ) -> dict[str, str]:
     """The environment shared by a swarm's nodes: GDRIVE_PATH, EXPERIMENT_NAME, the small-model settings
-    (when ``small_model``), SYNC_LAG (from ``sync_lag``, see :func:`resolve_sync_lag`), ``values``, then the
-    TEST_MODE preset when ``values`` has TEST_MODE on (see :func:`apply_test_mode`), then ``extra`` (a dict of
-    any other variables), then the Hub token from the Colab secret ``hub_token_secret`` (if any).
+    (when ``small_model``), SYNC_LAG (from ``sync_lag``, see :func:`resolve_sync_lag`), ``values``, then
+    ``extra`` (a dict of any other variables: the notebooks' EXTRA_ENV), then, when TEST_MODE is on in either,
+    the TEST_MODE preset over every variable ``extra`` does not set (see :func:`apply_test_mode`), then the Hub
+    token from the Colab secret ``hub_token_secret`` (if any).
+
+    ``study`` (sapo_experiments.ipynb): its comparison needs each configuration's evaluation before round 0, so
+    TEST_MODE keeps EVAL_BEFORE_TRAINING on there. With ``storage="mount"``, KEEP_CHECKPOINTS is 2 unless set
+    (in ``values``, ``extra`` or this process's environment); see :data:`MOUNT_KEEP_CHECKPOINTS`.
     GDRIVE_PATH is resolved for ``storage`` (:func:`shared_folder`) with the credentials and endpoint of this
     environment."""
     from swarm_gdrive.config import SMALL_MODEL_PRESET, swarm_env
@@ -301,30 +307,48 @@ def node_env(
         {"SYNC_LAG": f"{lag:g}"} if lag is not None else {},
         **values,
     )
-    apply_test_mode(env)
-    env.update({str(k): str(v) for k, v in (extra or {}).items()})
+    explicit = {str(k): str(v) for k, v in (extra or {}).items()}
+    env.update(explicit)
+    kept = set(explicit)
+    if study:
+        env.setdefault("EVAL_BEFORE_TRAINING", "true")
+        kept.add("EVAL_BEFORE_TRAINING")
+    apply_test_mode(env, kept)
+    if storage == "mount" and "KEEP_CHECKPOINTS" not in env and "KEEP_CHECKPOINTS" not in os.environ:
+        env["KEEP_CHECKPOINTS"] = MOUNT_KEEP_CHECKPOINTS
     env.update(hub_token_env(hub_token_secret))
     env["GDRIVE_PATH"] = shared_folder(storage, env["GDRIVE_PATH"], drive_mount, {**os.environ, **env})
     return env
 
 
-def apply_test_mode(env: dict[str, str]) -> dict[str, str]:
+#: KEEP_CHECKPOINTS of a notebook node with STORAGE = "mount" (the default elsewhere is 1). A worker prunes its
+#: older checkpoint once the new one is complete on the mount, but the mount uploads a checkpoint's large files to
+#: Drive in the background while a small delete reaches Drive within seconds: a runtime recycled right after a
+#: save could leave Drive with the old checkpoint deleted and the new one not yet uploaded. The second checkpoint
+#: kept is what survives that; through the API a file is on Drive when its write returns, so 1 is safe there.
+MOUNT_KEEP_CHECKPOINTS = "2"
+
+
+def apply_test_mode(env: dict[str, str], keep: Iterable[str] = ()) -> dict[str, str]:
     """With TEST_MODE on in ``env``, the test preset (config.TEST_MODE_PRESET) replaces the notebook's own
-    values of its variables (its form's MAX_ROUNDS = 20, ...), and what changed is printed: a user who ticks
-    TEST_MODE gets the quick check. A node applies the preset only to variables not set, so the notebook
-    must apply it here; EXTRA_ENV, applied after, still sets any variable explicitly. Returns ``env``."""
+    values of its variables (its form's MAX_ROUNDS = 20, ...), except those named in ``keep`` (EXTRA_ENV's, a
+    study's EVAL_BEFORE_TRAINING), and what changed and what was kept is printed: a user who ticks TEST_MODE gets
+    the quick check. A node applies the preset only to variables not set, so the notebook must apply it here.
+    Returns ``env``."""
     from swarm_gdrive.config import TEST_MODE_PRESET, _parse_bool
 
     if not _parse_bool("TEST_MODE", env.get("TEST_MODE", "") or "false"):
         return env
-    replaced = [
-        f"{var}={value} (not {env[var]})" for var, value in TEST_MODE_PRESET.items() if env.get(var, value) != value
-    ]
-    env.update(TEST_MODE_PRESET)
-    said = ", ".join(f"{var}={value}" for var, value in TEST_MODE_PRESET.items())
+    keep = set(keep)
+    preset = {var: value for var, value in TEST_MODE_PRESET.items() if var not in keep}
+    replaced = [f"{var}={value} (not {env[var]})" for var, value in preset.items() if env.get(var, value) != value]
+    kept = [f"{var}={env[var]}" for var in TEST_MODE_PRESET if var in keep and var in env]
+    env.update(preset)
+    said = ", ".join(f"{var}={value}" for var, value in preset.items())
     print(
         f"TEST_MODE: the test preset applies ({said})"
         + (f"; it replaces this notebook's {', '.join(replaced)}" if replaced else "")
+        + (f"; kept: {', '.join(kept)}" if kept else "")
         + ". Untick TEST_MODE for the notebook's own values",
         flush=True,
     )
@@ -695,7 +719,12 @@ def show_comparison(env_or_path: EnvOrPath, experiments: list[str], baseline: st
     rows = compare(storage, experiments, baseline, rounds)
     display(Markdown(format_table(rows)))
     for r in rows:
-        change = "-" if r.eval_change is None else f"{r.eval_change:+.3f}"
+        if r.eval_change is not None:
+            change = f"{r.eval_change:+.3f} (after {r.eval_first_round} rounds -> after {r.eval_last_round})"
+        elif r.eval_last is not None:  # a single evaluation: nothing to measure a change from
+            change = f"- (one evaluation, after {r.eval_last_round} rounds: {r.eval_last:.3f})"
+        else:
+            change = "-"
         print(
             f"{r.experiment}: cumulative reward {r.cumulative_mean:.3f} over {r.rounds} rounds, "
             f"{r.difference:+.3f} vs {baseline} (95% CI {r.difference_ci[0]:+.3f}, {r.difference_ci[1]:+.3f}), "

@@ -38,9 +38,16 @@ class Comparison:
     eval_last: float | None
     eval_first_se: float | None = None
     eval_last_se: float | None = None
+    #: The rounds of those evaluations (R: evals/round_R, the model after R rounds of training). With a single
+    #: evaluation (TEST_MODE: EVAL_BEFORE_TRAINING off, only the one after the last round) there is no first:
+    #: eval_first and eval_first_round are None and no change is reported.
+    eval_first_round: int | None = None
+    eval_last_round: int | None = None
 
     @property
     def eval_change(self) -> float | None:
+        """Held-out pass@1 from the evaluation after ``eval_first_round`` rounds to the one after
+        ``eval_last_round``; None without two evaluations."""
         if self.eval_first is None or self.eval_last is None:
             return None
         return self.eval_last - self.eval_first
@@ -74,25 +81,40 @@ def completed_rounds(storage: Storage, experiment: str) -> int:
     return _completed(_rewards(storage, experiment))
 
 
-def eval_mean(storage: Storage, experiment: str) -> tuple[float | None, float | None]:
-    """Mean held-out pass@1 (level 0, over workers and tasks) at the first and at the last evaluation."""
-    rows = [r for r in eval_rows(Exchange(storage, Layout(experiment), "analysis")) if r["level"] == 0]
-    if not rows:
+def _eval_rows(storage: Storage, experiment: str) -> list[dict]:
+    return [r for r in eval_rows(Exchange(storage, Layout(experiment), "analysis")) if r["level"] == 0]
+
+
+def eval_rounds(rows: list[dict]) -> tuple[int | None, int | None]:
+    """The rounds of the first and the last evaluation in ``rows``; the first is None when there is only one
+    (it is the last: a change needs two)."""
+    rounds = {r["round"] for r in rows}
+    if not rounds:
         return None, None
-    first, last = min(r["round"] for r in rows), max(r["round"] for r in rows)
-    at = lambda round_: statistics.fmean(r["pass1"] for r in rows if r["round"] == round_)  # noqa: E731
-    return at(first), at(last)
+    return (min(rounds) if len(rounds) > 1 else None), max(rounds)
+
+
+def _eval_at(rows: list[dict], round_: int | None) -> tuple[float | None, float | None]:
+    """Mean held-out pass@1 of the evaluation of ``round_`` and its SE (None, None for no round)."""
+    if round_ is None:
+        return None, None
+    at = [r for r in rows if r["round"] == round_]
+    return statistics.fmean(r["pass1"] for r in at), pass1_se_of_mean(at)
+
+
+def eval_mean(storage: Storage, experiment: str) -> tuple[float | None, float | None]:
+    """Mean held-out pass@1 (level 0, over workers and tasks) at the first and at the last evaluation (the
+    first None when there is only one, see :func:`eval_rounds`)."""
+    rows = _eval_rows(storage, experiment)
+    first, last = eval_rounds(rows)
+    return _eval_at(rows, first)[0], _eval_at(rows, last)[0]
 
 
 def eval_se(storage: Storage, experiment: str) -> tuple[float | None, float | None]:
     """Standard errors of :func:`eval_mean`'s two values (see :func:`pass1_se_of_mean`)."""
-    rows = [r for r in eval_rows(Exchange(storage, Layout(experiment), "analysis")) if r["level"] == 0]
-    if not rows:
-        return None, None
-    first, last = min(r["round"] for r in rows), max(r["round"] for r in rows)
-    return pass1_se_of_mean([r for r in rows if r["round"] == first]), pass1_se_of_mean(
-        [r for r in rows if r["round"] == last]
-    )
+    rows = _eval_rows(storage, experiment)
+    first, last = eval_rounds(rows)
+    return _eval_at(rows, first)[1], _eval_at(rows, last)[1]
 
 
 def pass1_se_of_mean(rows: list[dict]) -> float:
@@ -159,8 +181,9 @@ def compare(
         rng = random.Random(seed)
         values = list(_cumulative(rows[name], rounds).values())
         diff_ci = bootstrap_ci_difference(values, base, rng)
-        first, last = eval_mean(storage, name)
-        first_se, last_se = eval_se(storage, name)
+        evals = _eval_rows(storage, name)  # every eval file read once
+        first_round, last_round = eval_rounds(evals)
+        (first, first_se), (last, last_se) = _eval_at(evals, first_round), _eval_at(evals, last_round)
         out.append(
             Comparison(
                 experiment=name,
@@ -176,6 +199,8 @@ def compare(
                 eval_last=last,
                 eval_first_se=first_se,
                 eval_last_se=last_se,
+                eval_first_round=first_round,
+                eval_last_round=last_round,
             )
         )
     return out
@@ -197,12 +222,13 @@ def format_table(rows: list[Comparison]) -> str:
     def num(x: float | None, fmt: str = "{:.3f}") -> str:
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
-    def pm(x: float | None, se: float | None) -> str:
-        return num(x) if se is None or x is None else f"{num(x)} ± {num(se)}"
+    def pm(x: float | None, se: float | None, round_: int | None) -> str:
+        text = num(x) if se is None or x is None else f"{num(x)} ± {num(se)}"
+        return text if round_ is None else f"{text} (round {round_})"
 
     lines = [
         "| configuration | workers | rounds | cumulative reward (95% CI) | vs baseline (95% CI) | p | Hedges g |"
-        " held-out pass@1 first -> last (± SE) |",
+        " held-out pass@1 first -> last (± SE; round R: after R rounds of training) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -210,6 +236,7 @@ def format_table(rows: list[Comparison]) -> str:
             f"| {r.experiment} | {r.nodes} | {r.rounds} | {num(r.cumulative_mean)} "
             f"({num(r.cumulative_ci[0])}, {num(r.cumulative_ci[1])}) | {num(r.difference, '{:+.3f}')} "
             f"({num(r.difference_ci[0], '{:+.3f}')}, {num(r.difference_ci[1], '{:+.3f}')}) | {num(r.p_value)} | "
-            f"{num(r.hedges_g, '{:+.2f}')} | {pm(r.eval_first, r.eval_first_se)} -> {pm(r.eval_last, r.eval_last_se)} |"
+            f"{num(r.hedges_g, '{:+.2f}')} | {pm(r.eval_first, r.eval_first_se, r.eval_first_round)} -> "
+            f"{pm(r.eval_last, r.eval_last_se, r.eval_last_round)} |"
         )
     return "\n".join(lines)

@@ -80,7 +80,23 @@ def test_compare_reports_difference_interval_p_value_and_eval_change(tmp_path):
     assert sapo.eval_last_se == pytest.approx(0.125)
     table = format_table(rows)
     assert "| sapo-4-4 | 8 | 10 |" in table and "+2.0" in table
-    assert "0.250 ± 0.108 -> 0.500 ± 0.125 |" in table
+    assert "0.250 ± 0.108 (round 0) -> 0.500 ± 0.125 (round 12) |" in table
+    assert (sapo.eval_first_round, sapo.eval_last_round) == (0, 12)
+
+
+def test_a_single_evaluation_reports_no_change(tmp_path):
+    """TEST_MODE's 3 rounds with EVAL_INTERVAL = 10 and no evaluation before round 0: the one after the last
+    round is the only one, so there is no first evaluation to measure a change from (not +0.000)."""
+    storage = LocalStorage(tmp_path)
+    write_experiment(storage, "quick", {"a": [0.1, 0.2, 0.3]}, {("a", 3): 0.5})
+    write_experiment(storage, "full", {"a": [0.1, 0.2, 0.3]}, {("a", 0): 0.25, ("a", 3): 0.5})
+    quick, full = compare(storage, ["full"], baseline="quick")
+    assert (quick.eval_first, quick.eval_last, quick.eval_change) == (None, 0.5, None)
+    assert (quick.eval_first_round, quick.eval_last_round) == (None, 3) and quick.eval_first_se is None
+    assert full.eval_change == 0.25 and (full.eval_first_round, full.eval_last_round) == (0, 3)
+    table = format_table([quick, full])
+    assert "| - -> 0.500 ± 0.125 (round 3) |" in table
+    assert "| 0.250 ± 0.108 (round 0) -> 0.500 ± 0.125 (round 3) |" in table
 
 
 def test_no_difference_gives_a_large_p_value_and_an_interval_around_zero():

@@ -265,6 +265,69 @@ def test_test_mode_replaces_the_notebooks_own_values_with_the_test_preset(tmp_pa
     assert "TEST_MODE" not in capsys.readouterr().out
 
 
+def test_test_mode_set_through_extra_env_applies_and_extra_envs_own_values_win(tmp_path, capsys):
+    """TEST_MODE in EXTRA_ENV counts as the checkbox does: the form's MAX_ROUNDS = 20 and G = 8 give way to the
+    preset, except a variable EXTRA_ENV sets itself."""
+    form = {"MAX_ROUNDS": 20, "NUM_GENERATIONS": 8}
+    env = notebook.node_env(str(tmp_path), "x", extra={"TEST_MODE": "true"}, **form)
+    config = notebook.effective_config(env)
+    assert (config.max_rounds, config.num_generations, config.eval_before_training) == (3, 4, False)
+    assert "MAX_ROUNDS=3 (not 20)" in capsys.readouterr().out
+    env = notebook.node_env(str(tmp_path), "x", extra={"TEST_MODE": "true", "NUM_GENERATIONS": 6}, **form)
+    assert (env["MAX_ROUNDS"], env["NUM_GENERATIONS"]) == ("3", "6")
+    assert "kept: NUM_GENERATIONS=6" in capsys.readouterr().out
+
+
+def test_a_studys_test_mode_keeps_the_evaluation_before_round_0(tmp_path, capsys):
+    """sapo_experiments compares each configuration's held-out pass@1 with its evaluation before round 0: its
+    TEST_MODE keeps that evaluation (the quick check of the other notebooks skips it); EXTRA_ENV still wins."""
+    form = {"MAX_ROUNDS": 20, "NUM_GENERATIONS": 8}
+    config = notebook.effective_config(notebook.node_env(str(tmp_path), "s", study=True, TEST_MODE=True, **form))
+    assert (config.max_rounds, config.num_generations, config.eval_before_training) == (3, 4, True)
+    assert "kept: EVAL_BEFORE_TRAINING=true" in capsys.readouterr().out
+    env = notebook.node_env(str(tmp_path), "s", study=True, TEST_MODE=True, extra={"EVAL_BEFORE_TRAINING": "false"})
+    assert not notebook.effective_config(env).eval_before_training
+    assert notebook.effective_config(notebook.node_env(str(tmp_path), "s", study=True)).eval_before_training
+
+
+NODE_NOTEBOOKS = ("coordinator.ipynb", "worker.ipynb", "multi_node_one_gpu.ipynb", "sapo_experiments.ipynb")
+
+
+@pytest.mark.parametrize("name", NODE_NOTEBOOKS)
+def test_every_notebook_that_runs_nodes_has_a_test_mode_that_works(name, tmp_path, capsys):
+    """The notebook's own parameter cell and node env cell (up to its node_env call), with TEST_MODE ticked and
+    everything else as shipped (but the folder): the preset's 3 rounds and G = 4; only the study keeps its
+    evaluation before round 0. test_mode.ipynb passes TEST_MODE=True itself."""
+    cells = code_cells(name)
+    namespace: dict = {}
+    exec(source(cells[0]), namespace)  # the parameters, as shipped
+    namespace.update(
+        TEST_MODE=True, STORAGE="mount", GDRIVE_PATH=str(tmp_path), DRIVE_MOUNT=str(tmp_path / "drive"), NODE_ID="w1"
+    )
+    (cell,) = [source(c) for c in cells if "notebook.node_env(" in source(c)]
+    exec(cell[: cell.index("\n)", cell.index("notebook.node_env(")) + 2], namespace)
+    config = notebook.effective_config(namespace["env"])
+    assert (config.max_rounds, config.num_generations) == (3, 4), name
+    assert config.eval_before_training == (name == "sapo_experiments.ipynb"), name
+    assert "TEST_MODE: the test preset applies" in capsys.readouterr().out
+    assert "TEST_MODE=True," in source(code_cells("test_mode.ipynb")[3])
+
+
+def test_a_mounted_drive_keeps_two_checkpoints_unless_set(tmp_path, monkeypatch):
+    """STORAGE = "mount": the mount uploads a checkpoint in the background while the delete of the one before
+    reaches Drive at once, so a runtime recycled just after a save could lose both: a node keeps two. Through the
+    API (the default) a checkpoint is on Drive once written: one."""
+    monkeypatch.delenv("KEEP_CHECKPOINTS", raising=False)
+    assert notebook.node_env(str(tmp_path), "x", storage="mount")["KEEP_CHECKPOINTS"] == "2"
+    assert notebook.effective_config(notebook.node_env(str(tmp_path), "x", storage="mount")).keep_checkpoints == 2
+    assert "KEEP_CHECKPOINTS" not in notebook.node_env(str(tmp_path), "x", storage="api")
+    assert notebook.effective_config(notebook.node_env(str(tmp_path), "x", storage="api")).keep_checkpoints == 1
+    set_by_user = notebook.node_env(str(tmp_path), "x", storage="mount", extra={"KEEP_CHECKPOINTS": 1})
+    assert set_by_user["KEEP_CHECKPOINTS"] == "1"
+    monkeypatch.setenv("KEEP_CHECKPOINTS", "3")
+    assert "KEEP_CHECKPOINTS" not in notebook.node_env(str(tmp_path), "x", storage="mount")
+
+
 def test_in_colab_a_drive_api_proxy_carries_the_sign_in_and_the_timeout_warning_is_quiet(
     standin_colab, tmp_path, monkeypatch, caplog
 ):
