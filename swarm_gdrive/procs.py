@@ -7,7 +7,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 
 LineSink = Callable[[str], None]
 
@@ -19,12 +20,15 @@ class NodeProcess:
     prefixed with ``name``; the pipe is never left unread, so the child never blocks on it.
     """
 
-    def __init__(self, name: str, env: Mapping[str, str], sink: LineSink | None = None) -> None:
+    def __init__(
+        self, name: str, env: Mapping[str, str], sink: LineSink | None = None, argv: Sequence[str] | None = None
+    ) -> None:
+        """``argv``: the command (default: the launcher under this Python)."""
         self.name = name
         self.lines: list[str] = []
         self._sink = sink
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "swarm_gdrive.launcher"],
+            list(argv) if argv is not None else [sys.executable, "-u", "-m", "swarm_gdrive.launcher"],
             env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -59,12 +63,20 @@ class NodeProcess:
 
         Native Windows delivers no SIGTERM: there ``send_signal`` ends the child at once (TerminateProcess), unflushed.
         """
+        self.request_stop()
+        return self.await_exit(timeout)
+
+    def request_stop(self) -> None:
+        """SIGTERM, if it still runs: the node stops cleanly (a worker saves its stop checkpoint first)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+
+    def await_exit(self, timeout: float) -> int:
+        """Its exit code, once it exits; SIGKILL if it has not within ``timeout`` seconds."""
+        try:
+            return self.wait(max(timeout, 0.0))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
         return self.wait()
 
     def kill(self) -> int:
@@ -74,5 +86,10 @@ class NodeProcess:
 
 
 def stop_all(processes: list[NodeProcess], timeout: float = 120.0) -> dict[str, int]:
-    """Stop every process cleanly (workers first, then the rest); returns exit codes by name."""
-    return {p.name: p.terminate(timeout) for p in processes}
+    """Stop every process cleanly: SIGTERM to all at once (no worker trains on while another saves its stop
+    checkpoint), then wait for each until one shared deadline ``timeout`` seconds away, SIGKILL for those still
+    running then; returns exit codes by name."""
+    deadline = time.monotonic() + timeout
+    for p in processes:
+        p.request_stop()
+    return {p.name: p.await_exit(deadline - time.monotonic()) for p in processes}

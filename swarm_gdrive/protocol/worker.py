@@ -47,6 +47,11 @@ class GiveUpError(RuntimeError):
     """The worker cannot go on (coordinator silent, experiment reset); the message says why."""
 
 
+class CoordinatorSilentError(GiveUpError):
+    """The round state did not move for COORDINATOR_WAIT_TIMEOUT (a crashed or stopped coordinator): the worker
+    keeps its training in a stop checkpoint before it exits 3."""
+
+
 class CoordinatorStoppedError(RuntimeError):
     """The coordinator this worker followed was stopped: the state it wrote, ``stopped``."""
 
@@ -80,6 +85,9 @@ class Worker:
         self._said_stopped: int | None = None  # the seq of the stopped state whose wait was announced
         self._backend_mark: dict[str, int] = {}
         self._reward: float | None = None  # the last stage's submitted reward
+        # (round, stages trained) while a round is trained in part: its first stages' updates are in the model, its
+        # end (``end_round``) is not; a stop then saves no checkpoint (_checkpoint_on_stop)
+        self._part_played: tuple[int, int] | None = None
         self._round_seconds: list[float] = []  # the last rounds' lengths: the time left in the round line
         self._state_backoff = Backoff(config.poll_interval_min, config.poll_interval_max)
         # Waiting for the next round: brisk around the moment it is expected to open (RoundClock), backed off
@@ -132,8 +140,11 @@ class Worker:
             logger.error("%s", message)
             return EXIT_GAVE_UP
         except GiveUpError as exc:
-            self.log.event("worker_gave_up", str(exc), level="error")
             logger.error("%s", exc)
+            # A silent coordinator: the training since the last checkpoint is kept (not so for no room: a
+            # StorageFullError; a twin or a reset experiment are not GiveUpErrors)
+            saved = self._checkpoint_on_stop() if isinstance(exc, CoordinatorSilentError) else ""
+            self.log.event("worker_gave_up", f"{exc}{saved}", level="error")
             return EXIT_GAVE_UP
         finally:
             if self.heartbeat is not None:  # one that stepped down leaves the peer file to the other process
@@ -145,12 +156,28 @@ class Worker:
 
     def _checkpoint_on_stop(self) -> str:
         """Before a stopped worker exits: the workload checkpoints the last round it trained, unless its latest
-        checkpoint holds it or is younger than STOP_CHECKPOINT_MIN_SECONDS; a phrase saying what it saved."""
+        checkpoint holds it or is younger than STOP_CHECKPOINT_MIN_SECONDS; a phrase saying what it saved.
+
+        Not after a round trained in part (a stop between stages, NUM_STAGES > 1): the model then holds that round's
+        first stages on top of the last whole round, which no checkpoint can bear (one of round R would skip R's
+        other stages on resume, one of R - 1 would replay its first ones); the latest checkpoint is kept.
+        """
+        if self._part_played is not None:
+            round_, stages = self._part_played
+            reason = (
+                f"round {round_} was trained in part, {stages} of {self.config.num_stages} stages, which no checkpoint "
+                "can hold: the worker resumes from its latest checkpoint"
+            )
+            logger.warning("stopping without a stop checkpoint: %s", reason)
+            return f", without a stop checkpoint ({reason})"
         try:
             saved = self.workload.checkpoint_on_stop()
         except GiveUpError as exc:  # no room for it (a StorageFullError): the stop goes on, and says why
             logger.error("%s", exc)
             return f", without a stop checkpoint ({exc})"
+        except OSError as exc:  # a failed write (a StorageError too): the stop goes on, and says why
+            logger.error("stop checkpoint not saved: %s: %s", type(exc).__name__, exc)
+            return f", without a stop checkpoint ({type(exc).__name__}: {exc})"
         if saved is None:
             return ""
         self.log.event(
@@ -261,12 +288,12 @@ class Worker:
         if state is None:
             trusted = self.states.trusted
             if trusted is not None and trusted.status == "stopped":
-                raise GiveUpError(
+                raise CoordinatorSilentError(
                     f"coordinator {trusted.coordinator_id} stayed stopped for {self.config.coordinator_wait_timeout:g}"
                     " s (COORDINATOR_WAIT_TIMEOUT): start it again (same GDRIVE_PATH and EXPERIMENT_NAME), then this "
                     "worker"
                 )
-            raise GiveUpError(
+            raise CoordinatorSilentError(
                 f"the round state did not reach round {target} in {self.config.coordinator_wait_timeout:g} s:"
                 " is the coordinator running? (raise COORDINATOR_WAIT_TIMEOUT to wait longer)"
             )
@@ -391,6 +418,7 @@ class Worker:
                     count=removed,
                 )
         after = self.workload.end_round(round_, final=False)
+        self._part_played = None  # the round is whole: a stop now checkpoints it
         stats = {f"storage/{k}": v - calls_before[k] for k, v in self.exchange.stats.items()}
         if backend is not None:  # everything since the previous round's line: state polls and log flushes too
             stats.update({f"storage/backend_{k}": v - self._backend_mark.get(k, 0) for k, v in backend.items()})
@@ -443,9 +471,10 @@ class Worker:
         generated = time.monotonic()
         gathered, selection = self._select_externals(ctx, state)
         gathered_at = time.monotonic()
-        if self.stop.is_set():  # before the update: the model stays the last round's, which a stop checkpoints
-            raise Stopped()
+        if self.stop.is_set():  # before the update: at stage 0 the model is the last whole round's, which a stop
+            raise Stopped()  # checkpoints; at a later stage it holds part of this round, and no checkpoint is saved
         train_metrics = self.workload.train(ctx, local, list(selection.chosen))
+        self._part_played = (ctx.round, ctx.stage + 1)
         # A stop during the update: the stage is submitted (and a last stage's round ended) before the node stops.
         reward = self._reward = self._submit(ctx, state, local, selection)
         j = self.config.num_transplant_trees

@@ -63,8 +63,9 @@ class Workload(Protocol):
         ...
 
     def checkpoint_on_stop(self) -> int | None:
-        """Before a stopped worker exits: checkpoint the last round trained, unless the latest checkpoint holds it
-        or is younger than STOP_CHECKPOINT_MIN_SECONDS; the round saved, or None."""
+        """Before a stopped worker exits: checkpoint the last round trained whole (its ``end_round`` done), unless
+        the latest checkpoint holds it or is younger than STOP_CHECKPOINT_MIN_SECONDS; the round saved, or None.
+        Not called while a round is trained in part (the worker then saves nothing)."""
         ...
 
     def close(self) -> None:

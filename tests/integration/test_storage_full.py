@@ -96,6 +96,6 @@ def test_a_stop_checkpoint_without_room_does_not_turn_the_stop_into_a_crash() ->
         def checkpoint_on_stop(self) -> int:
             raise StorageFullError("checkpoint of round 4 not written: it takes 1.08 GB and the Drive has 10 MB free")
 
-    worker = SimpleNamespace(workload=FullWorkload(), log=None)
+    worker = SimpleNamespace(workload=FullWorkload(), log=None, _part_played=None)
     said = Worker._checkpoint_on_stop(worker)  # type: ignore[arg-type]
     assert said.startswith(", without a stop checkpoint (checkpoint of round 4 not written")

@@ -1,0 +1,236 @@
+"""What a stop keeps (issue #27 review): a round trained in part is never checkpointed as whole, a worker that gives
+up on a silent coordinator keeps its training, a stop checkpoint that fails still ends in a clean stop, and
+``stop_all`` signals every process before it waits for any.
+
+The worker tests run the real coordinator and worker as threads (tests/swarm_threads.py) with a synthetic workload
+that records which rounds it ended and what the worker asked it to save.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from swarm_gdrive.procs import NodeProcess, stop_all
+from swarm_gdrive.protocol.coordinator import Coordinator
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.protocol.records import EventRecord, decode_lines
+from swarm_gdrive.protocol.workload import StageContext, SyntheticWorkload
+from swarm_gdrive.storage import LocalStorage
+from swarm_gdrive.storage.base import StorageUnavailableError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from swarm_threads import Node, fast_env  # noqa: E402
+
+pytestmark = pytest.mark.integration
+LAYOUT = Layout("keep")
+
+
+class Recording(SyntheticWorkload):
+    """The synthetic workload with a model's bookkeeping: the last round it ended is what a stop would save."""
+
+    stateless = False
+
+    def __init__(self, node: Node, on_train, save_error: Exception | None) -> None:
+        super().__init__(node.config.num_train_samples, node.config.num_generations, 0.0, node.stop)
+        self.on_train = on_train
+        self.save_error = save_error
+        self.ended: int | None = None
+        self.saves: list[int | None] = []  # the rounds the worker had saved before it exited
+
+    def train(self, ctx: StageContext, local, external) -> dict[str, float]:
+        metrics = super().train(ctx, local, external)
+        self.on_train(ctx)
+        return metrics
+
+    def end_round(self, round_: int, final: bool) -> dict[str, float]:
+        if not final:
+            self.ended = round_
+        return {}
+
+    def checkpoint_on_stop(self) -> int | None:
+        if self.save_error is not None:
+            raise self.save_error
+        self.saves.append(self.ended)
+        return self.ended
+
+
+class RecordingWorker(Node):
+    def __init__(self, env: dict[str, str], on_train, save_error: Exception | None = None) -> None:
+        super().__init__({**env, "NODE_ROLE": "worker", "NODE_ID": "w1"})
+        self.on_train, self.save_error = on_train, save_error
+        self.workload: Recording | None = None
+
+    def make_workload(self) -> Recording:
+        self.workload = Recording(self, self.on_train, self.save_error)
+        return self.workload
+
+
+class HangingStorage(LocalStorage):
+    """The coordinator's folder: once ``crashed`` is set every write hangs until ``released`` (a crashed
+    coordinator writes nothing more: no state, no heartbeat)."""
+
+    def __init__(self, root: str, crashed: threading.Event, released: threading.Event) -> None:
+        super().__init__(root)
+        self.crashed, self.released = crashed, released
+
+    def _hang(self) -> None:
+        if self.crashed.is_set():
+            self.released.wait()
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        self._hang()
+        super().write_bytes(path, data)
+
+    def append_bytes(self, path: str, data: bytes) -> None:
+        self._hang()
+        super().append_bytes(path, data)
+
+
+class CoordinatorNode(Node):
+    def __init__(self, env: dict[str, str], storage: LocalStorage | None = None) -> None:
+        super().__init__({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})
+        self.storage = storage or LocalStorage(self.config.gdrive_path)
+
+    def run(self) -> None:
+        self.code = Coordinator(self.config, self.storage, self.config.node_id, self.stop).run()
+
+
+def events(folder: Path, node: str) -> list[EventRecord]:
+    found, problems = decode_lines((folder / LAYOUT.events_file(node)).read_bytes(), EventRecord)
+    assert not problems
+    return found
+
+
+def run_pair(coordinator: Node, worker: RecordingWorker, timeout: float = 60) -> None:
+    """Both nodes until the worker exits; then the coordinator is stopped."""
+    coordinator.start()
+    worker.start()
+    worker.join(timeout)
+    assert not worker.is_alive(), "the worker did not exit"
+    coordinator.stop.set()
+    coordinator.join(timeout)
+    assert not coordinator.is_alive(), "the coordinator did not exit"
+
+
+@pytest.mark.parametrize(
+    ("stop_stage", "saved", "said"),
+    [
+        # stopped in round 1's first stage's update: round 1 is trained in part, no checkpoint can hold it
+        (0, [], "without a stop checkpoint (round 1 was trained in part, 1 of 2 stages"),
+        # stopped in its last stage's update: the round ends, and its stop checkpoint is saved
+        (1, [1], "its training kept in a checkpoint of round 1"),
+    ],
+)
+def test_a_stop_between_stages_saves_no_checkpoint_of_the_round_trained_in_part(tmp_path, stop_stage, saved, said):
+    env = fast_env(tmp_path / "drive", "keep", NUM_STAGES=2, MAX_ROUNDS=6, MIN_WORKERS=1)
+    (tmp_path / "drive").mkdir()
+
+    def stop_in_round_1(ctx: StageContext) -> None:
+        if (ctx.round, ctx.stage) == (1, stop_stage):
+            worker.stop.set()
+
+    worker = RecordingWorker(env, stop_in_round_1)
+    run_pair(CoordinatorNode(env), worker)
+    assert worker.code == 0
+    assert worker.workload is not None and worker.workload.saves == saved
+    (stopped,) = [e for e in events(tmp_path / "drive", "w1") if e.event == "worker_stopped"]
+    assert said in stopped.message
+
+
+def test_a_worker_that_gives_up_on_a_silent_coordinator_keeps_its_training(tmp_path):
+    """The coordinator stops writing during round 0 (as if its runtime died); the worker, after
+    COORDINATOR_WAIT_TIMEOUT, saves its stop checkpoint of round 0 and exits 3."""
+    env = fast_env(tmp_path / "drive", "keep", MAX_ROUNDS=6, MIN_WORKERS=1, COORDINATOR_WAIT_TIMEOUT=3)
+    (tmp_path / "drive").mkdir()
+    crashed, released = threading.Event(), threading.Event()
+    coordinator = CoordinatorNode(env, HangingStorage(str(tmp_path / "drive"), crashed, released))
+    worker = RecordingWorker(env, lambda ctx: crashed.set())
+    try:
+        coordinator.start()
+        worker.start()
+        worker.join(60)
+        assert not worker.is_alive(), "the worker did not give up"
+    finally:
+        released.set()
+        coordinator.stop.set()
+        coordinator.join(60)
+    assert worker.code == 3
+    assert worker.workload is not None and worker.workload.saves == [0]
+    (gave_up,) = [e for e in events(tmp_path / "drive", "w1") if e.event == "worker_gave_up"]
+    assert "did not reach round 1" in gave_up.message
+    assert "its training kept in a checkpoint of round 0" in gave_up.message
+
+
+@pytest.mark.parametrize(
+    "error",
+    [OSError(28, "No space left on device"), StorageUnavailableError("the Drive API answered 503 five times")],
+)
+def test_a_stop_checkpoint_that_fails_still_ends_in_a_clean_stop(tmp_path, error):
+    env = fast_env(tmp_path / "drive", "keep", MAX_ROUNDS=6, MIN_WORKERS=1)
+    (tmp_path / "drive").mkdir()
+
+    def stop_in_round_1(ctx: StageContext) -> None:
+        if ctx.round == 1:
+            worker.stop.set()
+
+    worker = RecordingWorker(env, stop_in_round_1, save_error=error)
+    run_pair(CoordinatorNode(env), worker)
+    assert worker.code == 0  # not a crash: no traceback out of the stop
+    (stopped,) = [e for e in events(tmp_path / "drive", "w1") if e.event == "worker_stopped"]
+    assert f"without a stop checkpoint ({type(error).__name__}: {error})" in stopped.message
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    name, wait_for = sys.argv[1], sys.argv[2]
+    folder = os.environ["MARKS"]
+
+    def on_term(signum, frame):
+        open(os.path.join(folder, name), "w").close()  # this child got its SIGTERM
+        if wait_for == "ignore":
+            return  # a node that never finishes its stop: SIGKILL at the deadline
+        deadline = time.monotonic() + 20
+        while wait_for != "-" and not os.path.exists(os.path.join(folder, wait_for)):
+            if time.monotonic() > deadline:
+                sys.exit(5)  # the other child was not signalled while this one stopped
+            time.sleep(0.01)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    print("ready", flush=True)
+    while True:
+        time.sleep(0.05)
+    """
+)
+
+
+def test_stop_all_signals_every_process_before_it_waits_for_any(tmp_path):
+    """The first child stops only once the second has its SIGTERM too (one after the other, it would wait in vain
+    and exit 5); the third ignores SIGTERM and is killed at the shared deadline."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = {"MARKS": str(tmp_path)}
+    children = [
+        NodeProcess("first", env, argv=[sys.executable, str(script), "first", "second"]),
+        NodeProcess("second", env, argv=[sys.executable, str(script), "second", "-"]),
+        NodeProcess("stuck", env, argv=[sys.executable, str(script), "stuck", "ignore"]),
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while not all("ready" in c.lines for c in children):
+            assert time.monotonic() < deadline, [c.lines for c in children]
+            time.sleep(0.02)
+        codes = stop_all(children, timeout=8)
+    finally:
+        for child in children:
+            if child.returncode is None:
+                child.kill()
+    assert codes == {"first": 0, "second": 0, "stuck": -9}
+    assert {p.name for p in tmp_path.iterdir() if p.suffix != ".py"} == {"first", "second", "stuck"}
