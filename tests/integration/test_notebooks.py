@@ -600,7 +600,8 @@ def test_the_stop_button_keeps_the_round_and_a_new_runtime_with_the_node_id_resu
 
 @pytest.fixture(scope="module")
 def study(colab, tmp_path_factory) -> tuple[Path, dict]:
-    """sapo_experiments.ipynb with two synthetic configurations; its Drive is read by the next runtimes."""
+    """sapo_experiments.ipynb with two synthetic configurations and TEST_MODE ticked (its shipped MAX_ROUNDS = 20 and
+    NUM_GENERATIONS = 8 give way to the preset's 3 and 4); its Drive is read by the next runtimes."""
     base = tmp_path_factory.mktemp("study")
     drive = base / "drive"
     copy_repository(drive / "MyDrive" / "swarm-gdrive")
@@ -611,8 +612,7 @@ def study(colab, tmp_path_factory) -> tuple[Path, dict]:
         CONFIGURATIONS="8/0,4/4",
         BASELINE="8/0",
         NUM_WORKERS=2,
-        MAX_ROUNDS=3,
-        NUM_GENERATIONS=4,
+        TEST_MODE=True,
         WORKLOAD="synthetic",
         DEVICE="cpu",
         TIMEOUT_SECONDS=90,
@@ -654,6 +654,8 @@ def test_sapo_experiments_notebook_compares_both_configurations(study):
         assert (drive / "MyDrive" / "rl-swarm" / "experiments" / name / "state" / "current_state.json").exists()
         assert f"| {name} | 2 | 3 |" in text, text[-3000:]  # a row of the comparison table, 2 workers, 3 rounds
     assert "vs baseline (95% CI)" in text
+    assert "MAX_ROUNDS=3 (not 20)" in text and "NUM_GENERATIONS=4 (not 8)" in text  # TEST_MODE in a study
+    assert "kept: EVAL_BEFORE_TRAINING=true" in text  # the baseline evaluation each configuration is measured from
 
 
 @COLD_BUILD
