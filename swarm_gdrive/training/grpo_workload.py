@@ -169,6 +169,7 @@ class GRPOWorkload:
         self._checkpointed_at = time.monotonic()  # the model is the one loaded (or restored) until it trains
         self._saved_at: float | None = None  # when this process last wrote a checkpoint (monotonic)
         self._trained_round: int | None = None  # the last round trained whole (its last stage done: end_round)
+        self._in_part: tuple[int, int] | None = None  # (round, stages) updated since its end_round: a partial round
         self.restored_digest: str | None = None
         self.trained_or_restored = False
         self._last_push: int | None = None
@@ -245,6 +246,7 @@ class GRPOWorkload:
         outside = [self._external_group(g) for g in external]
         groups = [self._local_group(g) for g in local] + [group for group, _ in outside]
         metrics = self.trainer.step(groups)
+        self._in_part = (ctx.round, ctx.stage + 1)
         metrics.update(external_metrics([r for _, received in outside for r in received]))
         local_rewards = [r for g in local for r in g.rewards]
         external_rewards = [r for g in external for r in g.rewards]
@@ -430,6 +432,7 @@ class GRPOWorkload:
         if not final:
             self.trained_or_restored = True
             self._trained_round = round_  # every stage of it trained: a stop checkpoint may bear it
+            self._in_part = None
         if not self.trained_or_restored:
             return metrics
         minutes = self.config.checkpoint_minutes
@@ -459,7 +462,16 @@ class GRPOWorkload:
 
     def checkpoint_on_stop(self) -> int | None:
         """Before a stopped worker exits: a checkpoint of the last round trained whole (:func:`stop_checkpoint_due`);
-        the worker does not call it while a round is trained in part (a stop between stages)."""
+        none while a round is trained in part (a stop between stages: the weights hold part of it, which no
+        checkpoint's round can label; the worker does not ask then)."""
+        if self._in_part is not None:
+            logger.warning(
+                "stopping: no checkpoint of round %d, trained in part (%d of %d stages)",
+                self._in_part[0],
+                self._in_part[1],
+                self.config.num_stages,
+            )
+            return None
         age = None if self._saved_at is None else time.monotonic() - self._saved_at
         round_ = self._trained_round
         if not stop_checkpoint_due(round_, self._last_checkpoint, age, self.config.stop_checkpoint_min_seconds):

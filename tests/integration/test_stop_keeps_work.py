@@ -234,3 +234,67 @@ def test_stop_all_signals_every_process_before_it_waits_for_any(tmp_path):
                 child.kill()
     assert codes == {"first": 0, "second": 0, "stuck": -9}
     assert {p.name for p in tmp_path.iterdir() if p.suffix != ".py"} == {"first", "second", "stuck"}
+
+
+def test_the_grpo_workload_counts_a_round_as_trained_only_at_its_end(tmp_path, tiny_folder):
+    """The real workload on the tiny model, NUM_STAGES=2: after round 1's first stage its weights hold part of
+    round 1, and a stop checkpoint bears no round (one of round 1 would skip its second stage on resume); once
+    round 1 has ended, the stop checkpoint is of round 1."""
+    from swarm_gdrive.config import from_env
+    from swarm_gdrive.protocol.exchange import Exchange
+    from swarm_gdrive.protocol.records import ExperimentRecord
+    from swarm_gdrive.protocol.sapo import ScoredGroup
+    from swarm_gdrive.training.grpo_workload import GRPOWorkload
+
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    config = from_env(
+        {
+            "GDRIVE_PATH": str(folder),
+            "EXPERIMENT_NAME": "keep",
+            "SWARM_LOCAL_DIR": str(tmp_path / "local"),
+            "NODE_ID": "w1",
+            "MODEL_NAME": str(tiny_folder),
+            "WORKLOAD": "grpo",
+            "TASKS": "basic_arithmetic",
+            "NUM_TRAIN_SAMPLES": "2",
+            "NUM_GENERATIONS": "2",
+            "NUM_STAGES": "2",
+            "MAX_NEW_TOKENS": "8",
+            "DEVICE": "cpu",
+            "CHECKPOINT_INTERVAL": "0",
+            "CHECKPOINT_MINUTES": "0",
+            "STOP_CHECKPOINT_MIN_SECONDS": "0",
+        }
+    )
+    storage = LocalStorage(folder)
+    Exchange(storage, LAYOUT, "coord").write_experiment(
+        ExperimentRecord(
+            experiment="keep",
+            run_id="0123456789abcdef",
+            fingerprint=config.fingerprint(),
+            config=config.fingerprint_fields(),
+            coordinator_id="coord",
+            created_at=time.time(),
+        )
+    )
+    workload = GRPOWorkload(config, storage, "w1", threading.Event())
+
+    def train(round_: int, stage: int) -> None:
+        ctx = StageContext("w1", round_, stage, config.seed)
+        workload.train(ctx, [ScoredGroup("w1", g, tuple(g.rewards)) for g in workload.generate(ctx)], [])
+
+    def saved_rounds() -> list[str]:
+        base = folder / LAYOUT.checkpoint_dir("w1", 0).rsplit("/", 1)[0]
+        return sorted(p.name for p in base.glob("round_*")) if base.exists() else []
+
+    train(0, 0)
+    train(0, 1)
+    workload.end_round(0, final=False)
+    train(1, 0)
+    assert workload.checkpoint_on_stop() is None  # round 1 trained in part: no round can label these weights
+    assert saved_rounds() == []
+    train(1, 1)
+    workload.end_round(1, final=False)
+    assert workload.checkpoint_on_stop() == 1
+    assert saved_rounds() == ["round_1"]
