@@ -174,11 +174,13 @@ def test_a_coordinator_restarted_on_an_unreadable_state_mid_run_resumes_after_th
     again = Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})
     again.start()
     wait_until(lambda: b'"round":2' in (folder / LAYOUT.state_file).read_bytes(), 30, "the recovered state", [])
+    state = read_record(folder, LAYOUT.state_file, StateRecord)
+    assert (state.round, state.status, state.run_id) == (2, "running", run_id)
     again.stop.set()
     again.join(30)
     assert again.code == 0
-    state = read_record(folder, LAYOUT.state_file, StateRecord)
-    assert (state.round, state.status, state.run_id) == (2, "running", run_id)
+    state = read_record(folder, LAYOUT.state_file, StateRecord)  # a stopped coordinator says so, at its round
+    assert (state.round, state.status, state.run_id) == (2, "stopped", run_id)
     said = [e.message for e in events(folder, "coord") if e.event == "state_recovered"]
     assert said and reason in said[0] and "resuming at round 2 (running), after round 1" in said[0], said
 
@@ -214,12 +216,14 @@ def test_a_running_coordinator_writes_its_state_again_when_something_else_is_the
             return state.coordinator_id == "coord" and state.seq > honest.seq
 
         wait_until(restored, 30, "the coordinator's state again", [])
+        state = read_record(folder, LAYOUT.state_file, StateRecord)
+        assert (state.round, state.status, state.run_id) == (honest.round, honest.status, honest.run_id)
     finally:
         coordinator.stop.set()
         coordinator.join(30)
     assert coordinator.code == 0
-    state = read_record(folder, LAYOUT.state_file, StateRecord)
-    assert (state.round, state.status, state.run_id) == (honest.round, honest.status, honest.run_id)
+    state = read_record(folder, LAYOUT.state_file, StateRecord)  # a stopped coordinator says so, at its round
+    assert (state.round, state.status, state.run_id) == (honest.round, "stopped", honest.run_id)
     said = [e.message for e in events(folder, "coord") if e.event == "state_restored"]
     assert said and "was not this coordinator's" in said[0], said
 
