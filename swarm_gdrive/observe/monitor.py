@@ -183,7 +183,7 @@ def load(storage: Storage, experiment: str, now: float | None = None, liveness_t
         config=dict(experiment_record.config) if experiment_record else {},
         log_files={node: present & set(LOG_FILES) for node, present in log_files.items()},
         problems=problems,
-        usage=folder_usage.measure(storage, experiment, now),
+        usage=folder_usage.recent(storage, experiment, now),
     )
 
 

@@ -11,6 +11,8 @@ storage line shows where the backend reports it). Read only, like every observer
 from __future__ import annotations
 
 import logging
+import time
+import weakref
 from dataclasses import dataclass, field
 
 from swarm_gdrive.protocol.layout import Layout
@@ -26,6 +28,12 @@ HOUR = 3600.0
 #: The room left is warned about below this many of the experiment's largest checkpoints (a worker stops before a
 #: checkpoint that does not fit: training.checkpoint.check_space).
 LOW_SPACE_CHECKPOINTS = 4
+#: A live dashboard reloads every few seconds; the walk lists every folder of the experiment (through the Drive API
+#: a request each), so :func:`recent` measures one storage's experiment at most this often and repeats the last
+#: figures in between.
+REMEASURE_SECONDS = 300.0
+
+_measured: weakref.WeakKeyDictionary[Storage, dict[str, tuple[float, FolderUsage]]] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,22 @@ def measure(storage: Storage, experiment: str, now: float) -> FolderUsage:
         logger.debug("usage: the free space of %s is unknown: %s", storage.describe(), exc)
         space = None
     return FolderUsage(total, files, by_part, last_hour, max(checkpoints.values(), default=0), complete, space)
+
+
+def recent(storage: Storage, experiment: str, now: float, max_age: float = REMEASURE_SECONDS) -> FolderUsage:
+    """:func:`measure`, or this process's measure of the same storage object and experiment if it is younger than
+    ``max_age`` seconds (on the monotonic clock)."""
+    clock = time.monotonic()
+    try:
+        seen = _measured.setdefault(storage, {})
+    except TypeError:  # a storage that cannot be weakly referenced: measured every time
+        return measure(storage, experiment, now)
+    cached = seen.get(experiment)
+    if cached is not None and clock - cached[0] < max_age:
+        return cached[1]
+    usage = measure(storage, experiment, now)
+    seen[experiment] = (clock, usage)
+    return usage
 
 
 def human(n: int | None) -> str:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -114,3 +115,22 @@ def test_on_drive_it_reports_the_account_and_its_trash() -> None:
     assert measured.space == Space(10 * 10**9 - 53_000, 15 * 10**9, "the Google Drive of a@b.c", trash=2_000)
     line = usage.describe(measured)
     assert "the Google Drive of a@b.c: 10.00 GB free of 15.00 GB, 2.0 KB of it in Drive's trash" in line
+
+
+def test_a_live_dashboard_walks_the_folder_at_most_once_in_remeasure_seconds(tmp_path: Path, monkeypatch) -> None:
+    """Every reload of a dashboard loads the experiment; the walk (a listing per folder, a Drive request each) runs
+    once per REMEASURE_SECONDS for one storage object, and again after them, showing what changed."""
+    storage = LocalStorage(write_experiment(tmp_path))
+    walks = []
+    real = usage.measure
+    monkeypatch.setattr(usage, "measure", lambda *a, **k: walks.append(1) or real(*a, **k))
+    clock = [1000.0]
+    monkeypatch.setattr(usage, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    first = load(storage, EXPERIMENT, now=NOW).usage
+    (tmp_path / Layout(EXPERIMENT).root / "logs" / "late.bin").write_bytes(b"x" * 7_000)
+    clock[0] += usage.REMEASURE_SECONDS - 1
+    assert load(storage, EXPERIMENT, now=NOW).usage == first and len(walks) == 1
+    assert load(LocalStorage(tmp_path), EXPERIMENT, now=NOW).usage.bytes == first.bytes + 7_000  # another storage
+    clock[0] += 2
+    again = load(storage, EXPERIMENT, now=NOW).usage
+    assert again.bytes == first.bytes + 7_000 and len(walks) == 3
