@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.storage import Storage
 from swarm_gdrive.storage.base import Space, free_space
+from swarm_gdrive.storage.base import human_bytes as human
 
 logger = logging.getLogger(__name__)
 
@@ -108,16 +109,6 @@ def recent(storage: Storage, experiment: str, now: float, max_age: float = REMEA
     usage = measure(storage, experiment, now)
     seen[experiment] = (clock, usage)
     return usage
-
-
-def human(n: int | None) -> str:
-    """Bytes for a person: 1.08 GB, 41.2 MB, 812 KB, 96 B."""
-    if n is None:
-        return "unknown"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}" if unit == "GB" else f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def describe(usage: FolderUsage) -> str:

@@ -171,6 +171,16 @@ class Space:
     deletes_to_trash: bool = False
 
 
+def human_bytes(n: int | None) -> str:
+    """Bytes for a person: 1.08 GB, 41.2 MB, 812 KB, 96 B; "unknown" for None."""
+    if n is None:
+        return "unknown"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}" if unit == "GB" else f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
 def free_space(storage: Storage) -> Space | None:
     """The backend's :class:`Space` (its optional ``free_space``); None where it cannot tell. Optional: an object
     store has no quota to read; Drive answers ``about.get``, a local or mounted folder its file system."""

@@ -32,7 +32,7 @@ from swarm_gdrive.protocol.layout import Layout, parse_round_dir
 from swarm_gdrive.protocol.records import ExperimentRecord, decode
 from swarm_gdrive.protocol.worker import GiveUpError
 from swarm_gdrive.storage import Storage
-from swarm_gdrive.storage.base import Space, free_space, is_temp_of
+from swarm_gdrive.storage.base import Space, free_space, human_bytes, is_temp_of
 from swarm_gdrive.training import adapters
 
 if TYPE_CHECKING:
@@ -234,10 +234,6 @@ def resolve_optimizer_state(setting: str, lora: bool) -> str:
     return "fp32" if lora else "bf16"
 
 
-def _size(n: int | None) -> str:
-    return "unknown" if n is None else f"{n / 1e9:.2f} GB" if n >= 10**8 else f"{n / 1e6:.1f} MB"
-
-
 def check_space(storage: Storage, round_: int, needed: int) -> Space | None:
     """Refuse (StorageFullError) a checkpoint of ``needed`` bytes that the storage has no room for, and WARN
     while the room left is under :data:`SPACE_WARN_CHECKPOINTS` of them; the room where the backend can tell
@@ -249,7 +245,7 @@ def check_space(storage: Storage, round_: int, needed: int) -> Space | None:
         return None
     if space is None or space.free is None:
         return space
-    trash = f", {_size(space.trash)} of it in Drive's trash" if space.trash else ""
+    trash = f", {human_bytes(space.trash)} of it in Drive's trash" if space.trash else ""
     fixes = (
         "empty Drive's trash (drive.google.com/drive/trash, Empty trash)" + (" and " if space.trash else ", or ")
         if space.trash or space.deletes_to_trash
@@ -260,12 +256,16 @@ def check_space(storage: Storage, round_: int, needed: int) -> Space | None:
         "alone), LORA_R=16 (adapters alone), KEEP_CHECKPOINTS=1 if it is higher, a larger CHECKPOINT_MINUTES "
         "(docs/storage.md)"
     )
-    used = f"{_size(space.total - space.free)} of {_size(space.total)} used{trash}" if space.total else "no limit"
+    used = (
+        f"{human_bytes(space.total - space.free)} of {human_bytes(space.total)} used{trash}"
+        if space.total
+        else "no limit"
+    )
     room = (space.free - SPACE_RESERVE_BYTES) // max(needed, 1)  # checkpoints that fit, this one included
     if room < 1:
         raise StorageFullError(
-            f"checkpoint of round {round_} not written: it takes {_size(needed)} and {space.where} has "
-            f"{_size(space.free)} free ({used}); this node stops here, before a write fails half-way: {fixes}; "
+            f"checkpoint of round {round_} not written: it takes {human_bytes(needed)} and {space.where} has "
+            f"{human_bytes(space.free)} free ({used}); this node stops here, before a write fails half-way: {fixes}; "
             "then start it again (it resumes from its latest checkpoint)"
         )
     if room < SPACE_WARN_CHECKPOINTS:
@@ -273,10 +273,10 @@ def check_space(storage: Storage, round_: int, needed: int) -> Space | None:
             "storage nearly full: %s has %s free (%s), room for %d checkpoint(s) of %s, this one included; the node "
             "stops before a checkpoint that does not fit. To make room: %s",
             space.where,
-            _size(space.free),
+            human_bytes(space.free),
             used,
             room,
-            _size(needed),
+            human_bytes(needed),
             fixes,
         )
     return space
@@ -358,7 +358,7 @@ def _say_trashed(folder: str, size: int) -> None:
         "pruned checkpoint %s (%s): on a mounted Google Drive it went to Drive's trash, where it still counts against "
         "the account's storage for 30 days%s",
         folder,
-        _size(size),
+        human_bytes(size),
         ": empty the trash (drive.google.com/drive/trash, Empty trash) to get the space back, or use the Drive API "
         "(STORAGE='api' in the notebooks, GDRIVE_PATH=gdrive://...), whose deletes are permanent (docs/storage.md)"
         if first
