@@ -56,6 +56,10 @@ MAX_FILE_BYTES = 64 * 1024**3
 MAX_MANIFEST_BYTES, MAX_MANIFEST_FILES = 1024 * 1024, 1024
 #: CHECKPOINT_OPTIMIZER: how AdamW's per-parameter state is stored (:func:`optimizer_to_files`).
 OPTIMIZER_STATES = ("bf16", "fp32", "none")
+#: CHECKPOINT_OPTIMIZER's ``auto`` keeps a full fine-tune's moments (in bf16) while they add at most this much to a
+#: checkpoint: SmolLM2-135M's 0.54 GB and -360M's 1.45 GB do; Qwen2.5-0.5B's would add 1.98 GB to 1.98 GB of
+#: weights, so its checkpoints hold the weights alone (a free Drive's 15 GB holds a few of 2 GB, not of 4 GB).
+AUTO_MOMENTS_LIMIT_BYTES = 1.5e9
 #: 2 names the run and says whether the save completed; 1 (neither) is still read: written by earlier versions.
 SCHEMA_VERSION = 2
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -226,12 +230,16 @@ def save(
     return folder
 
 
-def resolve_optimizer_state(setting: str, lora: bool) -> str:
-    """CHECKPOINT_OPTIMIZER's ``auto``: bf16 moments for a full fine-tune (a third of its checkpoint), fp32 with
-    LoRA (the adapters' state is a few MB, so exactness costs nothing); any other value as it is."""
+def resolve_optimizer_state(setting: str, lora: bool, trained_parameters: int = 0) -> str:
+    """CHECKPOINT_OPTIMIZER's ``auto``: fp32 with LoRA (the adapters' state is a few MB, so exactness costs
+    nothing); for a full fine-tune of ``trained_parameters`` weights, bf16 moments (a third of its checkpoint)
+    while their 4 bytes a weight stay within :data:`AUTO_MOMENTS_LIMIT_BYTES`, else none (the weights alone:
+    a resume starts AdamW afresh). Any other value as it is."""
     if setting != "auto":
         return setting
-    return "fp32" if lora else "bf16"
+    if lora:
+        return "fp32"
+    return "bf16" if 4 * trained_parameters <= AUTO_MOMENTS_LIMIT_BYTES else "none"
 
 
 def check_space(storage: Storage, round_: int, needed: int) -> Space | None:

@@ -23,6 +23,7 @@ from swarm_gdrive.protocol.records import MAX_BYTES, RolloutGroup, TaskEval, sta
 from swarm_gdrive.protocol.sapo import ScoredGroup, rng_for
 from swarm_gdrive.protocol.workload import StageContext
 from swarm_gdrive.storage import Storage
+from swarm_gdrive.storage.base import human_bytes
 from swarm_gdrive.training import adapters, checkpoint, grpo, hub
 from swarm_gdrive.training.completions import CompletionCodec, Received, external_metrics
 from swarm_gdrive.training.curriculum import curriculum_step
@@ -166,6 +167,7 @@ class GRPOWorkload:
         self._local_ids: dict[str, tuple[list[int], list[list[int]]]] = {}
         self._generation: dict[str, float] = {}
         self._last_checkpoint: int | None = None
+        self._said_weights_alone = False
         self._checkpointed_at = time.monotonic()  # the model is the one loaded (or restored) until it trains
         self._saved_at: float | None = None  # when this process last wrote a checkpoint (monotonic)
         self._trained_round: int | None = None  # the last round trained whole (its last stage done: end_round)
@@ -502,10 +504,25 @@ class GRPOWorkload:
             self.trainer.optimizer,
             self.config.keep_checkpoints,
             extra={"curriculum": dict(self.bank.current_level)},
-            optimizer_state=checkpoint.resolve_optimizer_state(self.config.checkpoint_optimizer, self.lora is not None),
+            optimizer_state=self._optimizer_state(),
         )
         self._last_checkpoint = round_
         self._checkpointed_at = self._saved_at = time.monotonic()
+
+    def _optimizer_state(self) -> str:
+        """CHECKPOINT_OPTIMIZER resolved for this model (checkpoint.resolve_optimizer_state); auto's choice of the
+        weights alone is logged at the first save."""
+        trained = sum(p.numel() for p in self.trainer.model.parameters() if p.requires_grad)
+        state = checkpoint.resolve_optimizer_state(self.config.checkpoint_optimizer, self.lora is not None, trained)
+        if state == "none" and self.config.checkpoint_optimizer == "auto" and not self._said_weights_alone:
+            self._said_weights_alone = True
+            logger.info(
+                "checkpoints hold the weights alone: AdamW's moments of %s trained weights would add %s to each "
+                "(CHECKPOINT_OPTIMIZER=auto); a resume starts AdamW afresh. CHECKPOINT_OPTIMIZER=bf16 keeps them",
+                f"{trained:,}",
+                human_bytes(4 * trained),
+            )
+        return state
 
     def close(self) -> None:
         self._local_ids.clear()

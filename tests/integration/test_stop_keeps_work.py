@@ -8,6 +8,8 @@ that records which rounds it ended and what the worker asked it to save.
 
 from __future__ import annotations
 
+import json
+import logging
 import sys
 import textwrap
 import threading
@@ -236,14 +238,12 @@ def test_stop_all_signals_every_process_before_it_waits_for_any(tmp_path):
     assert {p.name for p in tmp_path.iterdir() if p.suffix != ".py"} == {"first", "second", "stuck"}
 
 
-def test_the_grpo_workload_counts_a_round_as_trained_only_at_its_end(tmp_path, tiny_folder):
-    """The real workload on the tiny model, NUM_STAGES=2: after round 1's first stage its weights hold part of
-    round 1, and a stop checkpoint bears no round (one of round 1 would skip its second stage on resume); once
-    round 1 has ended, the stop checkpoint is of round 1."""
+def tiny_workload(tmp_path: Path, tiny_folder: Path, **settings: str):
+    """The real GRPO workload on the tiny model in a local folder whose experiment.json is written, CPU, no
+    checkpoint due by rounds or the clock: (config, folder, workload)."""
     from swarm_gdrive.config import from_env
     from swarm_gdrive.protocol.exchange import Exchange
     from swarm_gdrive.protocol.records import ExperimentRecord
-    from swarm_gdrive.protocol.sapo import ScoredGroup
     from swarm_gdrive.training.grpo_workload import GRPOWorkload
 
     folder = tmp_path / "drive"
@@ -259,12 +259,12 @@ def test_the_grpo_workload_counts_a_round_as_trained_only_at_its_end(tmp_path, t
             "TASKS": "basic_arithmetic",
             "NUM_TRAIN_SAMPLES": "2",
             "NUM_GENERATIONS": "2",
-            "NUM_STAGES": "2",
             "MAX_NEW_TOKENS": "8",
             "DEVICE": "cpu",
             "CHECKPOINT_INTERVAL": "0",
             "CHECKPOINT_MINUTES": "0",
             "STOP_CHECKPOINT_MIN_SECONDS": "0",
+            **settings,
         }
     )
     storage = LocalStorage(folder)
@@ -278,7 +278,16 @@ def test_the_grpo_workload_counts_a_round_as_trained_only_at_its_end(tmp_path, t
             created_at=time.time(),
         )
     )
-    workload = GRPOWorkload(config, storage, "w1", threading.Event())
+    return config, folder, GRPOWorkload(config, storage, "w1", threading.Event())
+
+
+def test_the_grpo_workload_counts_a_round_as_trained_only_at_its_end(tmp_path, tiny_folder):
+    """The real workload on the tiny model, NUM_STAGES=2: after round 1's first stage its weights hold part of
+    round 1, and a stop checkpoint bears no round (one of round 1 would skip its second stage on resume); once
+    round 1 has ended, the stop checkpoint is of round 1."""
+    from swarm_gdrive.protocol.sapo import ScoredGroup
+
+    config, folder, workload = tiny_workload(tmp_path, tiny_folder, NUM_STAGES="2")
 
     def train(round_: int, stage: int) -> None:
         ctx = StageContext("w1", round_, stage, config.seed)
@@ -298,3 +307,34 @@ def test_the_grpo_workload_counts_a_round_as_trained_only_at_its_end(tmp_path, t
     workload.end_round(1, final=False)
     assert workload.checkpoint_on_stop() == 1
     assert saved_rounds() == ["round_1"]
+
+
+@pytest.mark.parametrize(("limit", "moments"), [(1e12, True), (0, False)])
+def test_auto_saves_a_large_model_s_weights_alone_and_says_so_once(
+    tmp_path, tiny_folder, monkeypatch, caplog, limit, moments
+):
+    """CHECKPOINT_OPTIMIZER=auto on the real workload: AdamW's moments are saved while they fit
+    checkpoint.AUTO_MOMENTS_LIMIT_BYTES (the tiny model stands in for SmolLM2); over it (a limit of 0 stands in for
+    Qwen2.5-0.5B's 494M weights) the checkpoint holds the weights alone, and the first save says so, once."""
+    from safetensors.torch import load_file
+
+    from swarm_gdrive.protocol.sapo import ScoredGroup
+    from swarm_gdrive.training import checkpoint
+
+    monkeypatch.setattr(checkpoint, "AUTO_MOMENTS_LIMIT_BYTES", limit)
+    config, folder, workload = tiny_workload(tmp_path, tiny_folder)
+    caplog.set_level(logging.INFO, logger="swarm_gdrive.training.grpo_workload")
+    for round_ in (0, 1):
+        ctx = StageContext("w1", round_, 0, config.seed)
+        # Rewards that differ within each group, so the step is taken (AdamW then has moments to save).
+        workload.train(ctx, [ScoredGroup("w1", g, (1.0, 0.0)) for g in workload.generate(ctx)], [])
+        workload.end_round(round_, final=False)
+        assert workload.checkpoint_on_stop() == round_
+    saved = folder / LAYOUT.checkpoint_dir("w1", 1) / checkpoint.OPTIMIZER_FILE
+    stored = load_file(str(saved))
+    assert any(k.endswith("exp_avg") for k in stored) is moments
+    assert json.loads(saved.with_name(checkpoint.STATE_FILE).read_text())["optimizer_state"] == (
+        "bf16" if moments else "none"
+    )
+    said = [r for r in caplog.records if "checkpoints hold the weights alone" in r.getMessage()]
+    assert len(said) == (0 if moments else 1)

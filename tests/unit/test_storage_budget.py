@@ -132,9 +132,13 @@ def test_none_keeps_the_weights_alone_and_a_resume_starts_adamw_afresh(tmp_path:
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
 
 
-def test_auto_is_bf16_for_a_full_fine_tune_and_exact_for_lora() -> None:
-    assert resolve_optimizer_state("auto", lora=False) == "bf16"
-    assert resolve_optimizer_state("auto", lora=True) == "fp32"
+def test_auto_is_bf16_for_a_full_fine_tune_the_weights_alone_for_a_large_one_and_exact_for_lora() -> None:
+    smollm2_135m, smollm2_360m, qwen25_05b = 134_515_008, 361_821_120, 494_032_768
+    assert resolve_optimizer_state("auto", lora=False, trained_parameters=smollm2_135m) == "bf16"
+    assert resolve_optimizer_state("auto", lora=False, trained_parameters=smollm2_360m) == "bf16"
+    assert resolve_optimizer_state("auto", lora=False, trained_parameters=qwen25_05b) == "none"
+    assert resolve_optimizer_state("bf16", lora=False, trained_parameters=qwen25_05b) == "bf16"
+    assert resolve_optimizer_state("auto", lora=True, trained_parameters=qwen25_05b) == "fp32"
     assert resolve_optimizer_state("none", lora=True) == "none"
     with pytest.raises(ValueError, match="CHECKPOINT_OPTIMIZER"):
         checkpoint.optimizer_to_files(torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))]), "fp16")
