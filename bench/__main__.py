@@ -23,6 +23,7 @@ PARTS = {
     "precision": "bench.precision",
     "memory": "bench.memory_check",
     "demo": "bench.demo",
+    "drive_budget": "bench.drive_budget",
 }
 ALL = ("coordination", "generation", "training")
 
