@@ -38,6 +38,9 @@ from colab_runtime import (  # noqa: E402
 from colab_runtime import tiny_model as colab_tiny_model  # noqa: E402
 from drive_emulator import DriveEmulator  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.drive_budget import WriteCounter  # noqa: E402  (the bench measures a real hour with it)
+
 # One xdist worker runs them one after another: they share the session's Colab-like venv, wheel and tiny model
 # (built once there instead of once per worker) and the module's study.
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("notebooks")]
@@ -425,62 +428,6 @@ def coordinator_process(folder: Path, params: dict):
         NODE_ID="coordinator",
     )
     return NodeProcess("coordinator", env)
-
-
-class WriteCounter:
-    """Bytes the node ``node`` writes under ``folder`` (its files: a path part that is or starts with its name),
-    seen by scanning every 0.5 s, checkpoints apart from the rest. A file (an inode: a rename is not a write) that
-    grew since the last scan counts what it grew by (an appended log, a checkpoint being written); one rewritten
-    with no more bytes (a heartbeat) counts its whole size again. Deleted files (pruned checkpoints) count as seen."""
-
-    def __init__(self, folder: Path, node: str) -> None:
-        self.folder, self.node = folder, node
-        self.versions: dict[tuple[int, int], tuple[int, int]] = {}  # (device, inode) -> (size, mtime)
-        self.checkpoint_folders: set[str] = set()
-        self.checkpoint_bytes = 0
-        self.other_bytes = 0
-        self.largest_checkpoint = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            self.scan()
-
-    def _mine(self, path: Path) -> bool:
-        return any(part == self.node or part.startswith((self.node + ".", "." + self.node)) for part in path.parts)
-
-    def scan(self) -> None:
-        checkpoints: dict[Path, int] = {}
-        for path in list(self.folder.rglob("*")):
-            if not self._mine(path.relative_to(self.folder)):
-                continue
-            try:
-                stat = path.stat()
-            except OSError:
-                continue
-            if not path.is_file():
-                continue
-            inode = (stat.st_dev, stat.st_ino)
-            before = self.versions.get(inode)
-            if before != (stat.st_size, stat.st_mtime_ns):
-                written = stat.st_size - before[0] if before and stat.st_size > before[0] else stat.st_size
-                if "checkpoints" in path.parts:
-                    self.checkpoint_bytes += written
-                else:
-                    self.other_bytes += written
-                self.versions[inode] = (stat.st_size, stat.st_mtime_ns)
-            if "checkpoints" in path.parts:
-                self.checkpoint_folders.add(path.parent.name)
-                checkpoints[path.parent] = checkpoints.get(path.parent, 0) + stat.st_size
-        self.largest_checkpoint = max([self.largest_checkpoint, *checkpoints.values()])
-
-    def stop(self) -> None:
-        """Stop scanning, after one last scan."""
-        self._stop.set()
-        self._thread.join(5)
-        self.scan()
 
 
 @COLD_BUILD
