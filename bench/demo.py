@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -57,6 +58,7 @@ def run_demo(source: Path, args: argparse.Namespace, scratch: Path) -> dict[str,
     if args.keep_model:
         env["MODEL_CACHE_DIR"] = str(Path(args.keep_model).expanduser())
     command = [sys.executable, "-m", "swarm_gdrive", "demo", "--verbose", "--folder", str(folder), *args.demo_args]
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     stamps: list[tuple[float, str]] = []
     proc = subprocess.Popen(command, cwd=scratch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -65,6 +67,8 @@ def run_demo(source: Path, args: argparse.Namespace, scratch: Path) -> dict[str,
     code = proc.wait(timeout=args.timeout)
     reader.join()
     wall = time.monotonic() - started
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the demo and every node it started and reaped
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     phases, last = {}, 0.0
     for phase, pattern in MARKS:
         at = next((t for t, line in stamps if t >= last and pattern.search(line)), None)
@@ -80,7 +84,14 @@ def run_demo(source: Path, args: argparse.Namespace, scratch: Path) -> dict[str,
             by_round.setdefault(record["round"], {}).update(record.get("values", {}))
     keys = ("round/seconds", "time/generate_s", "time/gather_s", "time/train_s")
     rounds = [{k: v.get(k) for k in keys} for _, v in sorted(by_round.items()) if "round/seconds" in v]
-    return {"exit": code, "wall_s": wall, "phases": phases, "rounds": rounds, "tail": [x[1] for x in stamps[-3:]]}
+    return {
+        "exit": code,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "phases": phases,
+        "rounds": rounds,
+        "tail": [x[1] for x in stamps[-3:]],
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -101,6 +112,12 @@ def render(result: dict[str, Any]) -> str:
     header = ["phase"] + [f"{r['tree']} #{i + 1}" for i, r in enumerate(runs)]
     rows = [[phase] + [r["phases"].get(phase) for r in runs] for phase, _ in MARKS]
     rows.append(["**whole demo**"] + [r["wall_s"] for r in runs])
+    rows.append(["CPU seconds, all its processes"] + [r.get("cpu_s") for r in runs])
+    cores = result["machine"].get("cores") or os.cpu_count() or 1
+    rows.append(
+        [f"CPU seconds / {cores} cores (no wall time below it)"]
+        + [r["cpu_s"] / cores if r.get("cpu_s") is not None else None for r in runs]
+    )
     round_rows = []
     for r in runs:
         for i, rd in enumerate(r["rounds"]):
