@@ -25,6 +25,8 @@ from swarm_gdrive.progress import MODES as PROGRESS_MODES
 
 ROLES = ("coordinator", "worker")
 PUBLISH_FREQUENCIES = ("generation", "stage", "round")
+#: ROUND_MODE's values: the coordinator's round clock (sync), or each worker's own rounds (async).
+ROUND_MODES = ("sync", "async")
 WORKLOADS = ("grpo", "synthetic")
 #: PRECISION's values (training.policy.pick_precision).
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -457,6 +459,31 @@ class Config:
         "= 120 + 2 x SYNC_LAG; explicit ones too short for it are refused. The coordinator also waits up to SYNC_LAG "
         "after the last round for rewards still on their way.",
         _parse_lag,
+    )
+    round_mode: str = _env(
+        "ROUND_MODE",
+        "sync",
+        "Coordinator only (workers follow the experiment's): sync, every worker plays the coordinator's round and "
+        "waits for its peers' rollouts of it; async, each worker plays its own rounds back to back, never waiting on "
+        "another node, and takes J external groups from the freshest peer rollouts it can already see, within "
+        "MAX_STALENESS_SECONDS and MAX_STALENESS_ROUNDS. Kept for the experiment's life: a coordinator restarted with "
+        "the other value refuses to resume it.",
+        _parse_choice(ROUND_MODES),
+    )
+    max_staleness_seconds: float = _env(
+        "MAX_STALENESS_SECONDS",
+        1800.0,
+        "ROUND_MODE=async: a worker takes no external group from a batch created more than this many seconds ago "
+        "(the writer's clock against the reader's); 0 is no bound. 1800 s: HeteroRL/GEPO (arXiv 2508.17850) "
+        "reports under 3 % loss at that staleness.",
+        _parse_float(0.0),
+    )
+    max_staleness_rounds: int = _env(
+        "MAX_STALENESS_ROUNDS",
+        0,
+        "ROUND_MODE=async: a worker takes no external group from a batch created before more than this many of "
+        "its own rounds started; 0 is no bound in rounds.",
+        _parse_int(0),
     )
     coordinator_round_interval: float = _env(
         "COORDINATOR_ROUND_INTERVAL",

@@ -81,6 +81,10 @@ class ExperimentRecord(_Record):
     created_at: Timestamp
 
 
+def _is_sync(value: object) -> bool:
+    return value == "sync"
+
+
 class StateRecord(_Record):
     """state/current_state.json: the round clock, written only by the coordinator."""
 
@@ -100,6 +104,10 @@ class StateRecord(_Record):
     advance_reason: Literal["start", "resume", "all_submitted", "interval", "finished"] = "start"
     coordinator_id: NodeId
     updated_at: Timestamp
+    #: ``sync``: the rounds above are the swarm's clock. ``async`` (ROUND_MODE=async): each worker plays its own
+    #: rounds and ``round`` is no clock (0 while running, ``max_rounds`` once finished). Left out of the JSON when
+    #: ``sync``, so that a synchronous run's state file is what it was before the field existed.
+    mode: Literal["sync", "async"] = Field(default="sync", exclude_if=_is_sync)
 
     def is_newer_than(self, other: StateRecord | None) -> bool:
         """Monotonic order by (round, seq): the coordinator increments seq on every write."""

@@ -100,6 +100,9 @@ VALID: dict[str, tuple[str, str, object, dict[str, str]]] = {
     "GDRIVE_API_URL": ("http://127.0.0.1:8080/", "gdrive_api_url", "http://127.0.0.1:8080/", {}),
     "PYDRIVE2_SETTINGS": ("/keys/settings.yaml", "pydrive2_settings", "/keys/settings.yaml", {}),
     "SAPO_MAX_PEERS": ("0", "sapo_max_peers", 0, {}),
+    "ROUND_MODE": (" Async ", "round_mode", "async", {}),
+    "MAX_STALENESS_SECONDS": ("0", "max_staleness_seconds", 0.0, {}),
+    "MAX_STALENESS_ROUNDS": ("3", "max_staleness_rounds", 3, {}),
     "CURRICULUM_THRESHOLD": (
         "0.8",
         "curriculum_threshold",
@@ -206,6 +209,9 @@ def test_defaults(base: dict[str, str], tmp_path: Path, monkeypatch: pytest.Monk
         "num_stages": 1,
         "min_workers": 1,
         "sync_lag": 0.0,
+        "round_mode": "sync",
+        "max_staleness_seconds": 1800.0,
+        "max_staleness_rounds": 0,
         "coordinator_round_interval": 60.0,
         "rollout_publish_frequency": "stage",
         "rollout_cleanup_enabled": False,
@@ -309,6 +315,7 @@ def test_unknown_role(base: dict[str, str]) -> None:
     ("var", "raw", "choices"),
     [
         ("ROLLOUT_PUBLISH_FREQUENCY", "hourly", "generation, stage, round"),
+        ("ROUND_MODE", "both", "sync, async"),
         ("WORKLOAD", "reasoning", "grpo, synthetic"),
         ("LOSS_TYPE", "ppo", "grpo, bnpo, dr_grpo, dapo"),
         ("SCALE_REWARDS", "std", "group, batch, none"),
@@ -336,6 +343,7 @@ def test_unknown_choice(base: dict[str, str], var: str, raw: str, choices: str) 
         ("ROLLOUT_KEEP_LAST_N_ROUNDS", "0", 1),
         ("SEED", "-5", 0),
         ("SEED", "forty-two", 0),
+        ("MAX_STALENESS_ROUNDS", "-1", 0),
     ],
 )
 def test_bad_counts(base: dict[str, str], var: str, raw: str, minimum: int) -> None:
@@ -352,6 +360,12 @@ def test_bounded_counts_name_both_bounds(base: dict[str, str]) -> None:
     ):
         err = config_error({**base, var: raw})
         assert str(err) == f"{var}={raw!r}: use a whole number >= 1 and <= {top}"
+
+
+@pytest.mark.parametrize("raw", ["-1", "inf", "nan", "half an hour"])
+def test_max_staleness_seconds_is_a_finite_number_of_seconds_from_0(base: dict[str, str], raw: str) -> None:
+    err = config_error({**base, "MAX_STALENESS_SECONDS": raw})
+    assert str(err) == f"MAX_STALENESS_SECONDS={raw!r}: use a number in [0, inf]"
 
 
 def test_zero_transplant_trees_is_plain_grpo(base: dict[str, str]) -> None:
