@@ -534,18 +534,20 @@ class Exchange:
         budget: ReadBudget | None = None,
         skipped: dict[str, str] | None = None,
         first: Collection[str] = (),
+        evict_older: bool = True,
     ) -> dict[str, RolloutBatch]:
         """Valid rollout batches of a stage by node id; a file is re-read only when it changed.
 
         ``only``: read only these nodes' files (None: every one). ``budget``: read no more files and bytes than
         it allows, the nodes in ``first`` before the others. ``skipped`` receives, for each listed batch left
-        unread, why (:data:`NOT_ASKED`, :data:`OVER_BUDGET`).
+        unread, why (:data:`NOT_ASKED`, :data:`OVER_BUDGET`). ``evict_older``: the batches of earlier rounds
+        kept from earlier reads are let go (a reader of the rounds in order); False for a reader of several
+        rounds at once (the asynchronous pickup), which lets go itself (:meth:`forget_rollouts`).
         """
         folder = self.layout.rollouts_stage_dir(round_, stage)
         self._prefetched()
-        for old in [r for r in self._cached_rollouts if r < round_]:  # readers move forward: free older batches
-            for path in self._cached_rollouts.pop(old):
-                self._cache.pop(path, None)
+        if evict_older:  # readers move forward: free older batches
+            self.forget_rollouts(before_round=round_)
         wanted, reserved = self._batches_to_read(folder, round_, exclude_self, only, budget, skipped, first)
         before = self.stats["bytes_read"]
         batches = self._read_listed(folder, [info for info, _ in wanted], RolloutBatch)  # several at once
@@ -559,6 +561,12 @@ class Exchange:
             elif batch is not None:
                 self._reject(f"{folder}/{info.name}", "round/stage inside do not match the folder")
         return out
+
+    def forget_rollouts(self, before_round: int) -> None:
+        """Let go of the batches of rounds before ``before_round`` kept from earlier reads."""
+        for old in [r for r in self._cached_rollouts if r < before_round]:
+            for path in self._cached_rollouts.pop(old):
+                self._cache.pop(path, None)
 
     def _batches_to_read(
         self,

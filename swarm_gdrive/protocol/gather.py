@@ -225,23 +225,42 @@ class PeerGather:
 
     def _score(self, node: str, batch: RolloutBatch) -> list[ScoredGroup]:
         """The batch's groups with this node's own rewards; a group whose provenance fails is dropped and logged."""
-        scored = []
-        for group in batch.groups:
-            seen = self._verdicts.get((node, group.group_id))
-            if seen is not None and seen[0] == group:
-                rewards = seen[1]
-            else:
-                rewards = self.rescore(self.ctx, group)
-                self._verdicts[(node, group.group_id)] = (group, rewards)
-                if rewards is None:
-                    self.gathered.dropped += 1
-                    self.event(
-                        "group_rejected",
-                        f"{node}/{group.group_id}: provenance check failed",
-                        level="warning",
-                        source=node,
-                        group_id=group.group_id,
-                    )
-            if rewards is not None:
-                scored.append(ScoredGroup(node, group, rewards))
+        scored, rejected = score_batch(self.ctx, node, batch, self.rescore, self.event, self._verdicts)
+        self.gathered.dropped += rejected
         return scored
+
+
+#: (node, group id) -> a group as last read and its local re-score (None: rejected).
+Verdicts = dict[tuple[str, str], tuple[RolloutGroup, tuple[float, ...] | None]]
+
+
+def score_batch(
+    ctx: StageContext, node: str, batch: RolloutBatch, rescore: Rescore, event: EventSink, verdicts: Verdicts
+) -> tuple[list[ScoredGroup], int]:
+    """``node``'s groups of ``batch`` with this node's own rewards, and how many were newly rejected.
+
+    A group whose provenance fails is dropped and logged (``group_rejected``) once: ``verdicts`` remembers each
+    group's re-score, so a batch read again (re-published after each generation, or taken from again by an
+    asynchronous worker) re-scores, and rejects, only the groups that are new or changed.
+    """
+    scored = []
+    rejected = 0
+    for group in batch.groups:
+        seen = verdicts.get((node, group.group_id))
+        if seen is not None and seen[0] == group:
+            rewards = seen[1]
+        else:
+            rewards = rescore(ctx, group)
+            verdicts[(node, group.group_id)] = (group, rewards)
+            if rewards is None:
+                rejected += 1
+                event(
+                    "group_rejected",
+                    f"{node}/{group.group_id}: provenance check failed",
+                    level="warning",
+                    source=node,
+                    group_id=group.group_id,
+                )
+        if rewards is not None:
+            scored.append(ScoredGroup(node, group, rewards))
+    return scored, rejected
