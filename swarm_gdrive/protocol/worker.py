@@ -4,6 +4,11 @@ Each round: wait for the state (poll with backoff), skip to the current round if
 then for each stage generate, publish (per ROLLOUT_PUBLISH_FREQUENCY), gather other nodes'
 rollouts of the stage within a bounded wait, re-score them locally, pick J (SAPO),
 train, and submit a reward. Metrics and events are buffered and flushed once a round.
+
+In an asynchronous experiment (the state's ``mode``, ROUND_MODE=async) the worker plays its own rounds back to
+back instead, from its last completed round + 1 to MAX_ROUNDS - 1: the same stages, files and records, but the
+external groups come from a :class:`~swarm_gdrive.protocol.pickup.Pickup` that never waits, and the state is
+only read between rounds, for the end of the experiment or the coordinator's stop.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from swarm_gdrive.protocol.heartbeat import Heartbeat
 from swarm_gdrive.protocol.identity import Identity
 from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.protocol.metrics import NodeLog
+from swarm_gdrive.protocol.pickup import PEERS_REUSE_S, Pickup
 from swarm_gdrive.protocol.polling import BRISK_FRACTION, Backoff, Pacer, RoundClock, Stopped, wait_for
 from swarm_gdrive.protocol.records import (
     EvalRecord,
@@ -36,6 +42,7 @@ from swarm_gdrive.protocol.tracking import tracking_for
 from swarm_gdrive.protocol.trust import CONFIRM_SECONDS, StateFollower
 from swarm_gdrive.protocol.workload import StageContext, Workload
 from swarm_gdrive.storage import Storage
+from swarm_gdrive.storage.base import StorageUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +102,7 @@ class Worker:
         self._state_pacer = Pacer(self._state_backoff, config.poll_interval_min * BRISK_FRACTION)
         self.rounds = RoundClock()
         self._gather_backoff = Backoff(config.poll_interval_min, min(config.poll_interval_max, 2.0))
+        self._pickup: Pickup | None = None  # set while this worker plays its own rounds (an asynchronous experiment)
 
     def _rejected(self, path: str, reason: str) -> None:
         self.log.event("file_rejected", f"{path}: {reason}", level="warning", path=path)
@@ -274,6 +282,9 @@ class Worker:
                 return state
             if state is None:
                 return None
+            if state.status == "running" and state.mode == "async":  # no round to wait for: the worker's own
+                self._followed = True
+                return state
             if state.status == "stopped":
                 return state if self._followed else self._await_restart(state)
             self._followed = True  # this process has seen the coordinator at work (waiting for workers too)
@@ -345,6 +356,9 @@ class Worker:
         target = 0 if last is None else last + 1
         while True:
             state = self._next_state(target)
+            if state.status == "running" and state.mode == "async":
+                self._async_rounds(state, last)
+                return
             if self.states.overdue:
                 target = self._reconcile(state, target)
                 last = target - 1 if target else None
@@ -353,12 +367,7 @@ class Worker:
                 raise CoordinatorStoppedError(state)
             if state.status == "finished":
                 self.log.event("experiment_finished", f"finished after {state.round} rounds", round_=state.round)
-                if last is not None:
-                    if self.config.eval_interval:  # the policy after the last round
-                        self.evaluate(last + 1, state.run_id)
-                    final = self.workload.end_round(last, final=True)
-                    if final:
-                        self.log.metric(final, round_=last)
+                self._final_end(last, state.run_id)
                 return
             if state.round > target:
                 self.log.event(
@@ -371,6 +380,85 @@ class Worker:
             self.run_round(state)
             last = state.round
             target = state.round + 1
+
+    def _final_end(self, last: int | None, run_id: str) -> None:
+        """After this worker's last round: the final policy's held-out evaluation (EVAL_INTERVAL > 0) and the
+        workload's final end of round (its last checkpoint), when it played a round."""
+        if last is None:
+            return
+        if self.config.eval_interval:  # the policy after the last round
+            self.evaluate(last + 1, run_id)
+        final = self.workload.end_round(last, final=True)
+        if final:
+            self.log.metric(final, round_=last)
+
+    # -- asynchronous rounds ---------------------------------------------------------------
+
+    def _async_rounds(self, state: StateRecord, last: int | None) -> None:
+        """Play this worker's own rounds back to back, from ``last`` + 1 up to the state's ``max_rounds`` - 1,
+        never waiting on another node (ROUND_MODE=async).
+
+        The state is read between rounds, at most every POLL_INTERVAL_MAX seconds and without waiting: through the
+        same trust rule as in the synchronous mode (§5.5), ``finished`` ends the worker as there, ``stopped`` is the
+        coordinator's stop and a reset a :class:`RunChangedError`. Its own last round played, the worker ends as on
+        ``finished``; the coordinator then marks the experiment finished once every worker has.
+        """
+        if self.config.round_mode != "async":
+            logger.info(
+                "this experiment plays asynchronous rounds (its coordinator's ROUND_MODE=async): so does this worker, "
+                "whose ROUND_MODE=%s applies to experiments it coordinates",
+                self.config.round_mode,
+            )
+        self._pickup = Pickup(
+            self.exchange,
+            self.config.sapo_max_peers,
+            self.config.num_transplant_trees,
+            self.workload.rescore,
+            self.log.event,
+            self.config.max_staleness_seconds,
+            self.config.max_staleness_rounds,
+            self.config.liveness_timeout,
+            peers_reuse_s=min(PEERS_REUSE_S, self.config.heartbeat_interval),
+        )
+        round_ = 0 if last is None else last + 1
+        read_at = time.monotonic()
+        while True:
+            if round_ >= state.max_rounds:
+                self.log.event(
+                    "rounds_completed",
+                    f"played its rounds up to {state.max_rounds - 1} (MAX_ROUNDS={state.max_rounds})",
+                    round_=state.max_rounds - 1,
+                    max_rounds=state.max_rounds,
+                )
+                self._final_end(last, state.run_id)
+                return
+            if self.stop.is_set():
+                raise Stopped()
+            self._pickup.round_started()
+            self.run_round(state.model_copy(update={"round": round_}))
+            last, round_ = round_, round_ + 1
+            if time.monotonic() - read_at >= self.config.poll_interval_max:
+                read_at = time.monotonic()
+                state = self._async_state(state)
+                if state.status == "finished":
+                    self.log.event("experiment_finished", "the coordinator finished the experiment", round_=last)
+                    self._final_end(last, state.run_id)
+                    return
+
+    def _async_state(self, state: StateRecord) -> StateRecord:
+        """The trusted state now, without waiting (``state`` when none is readable); raises
+        :class:`CoordinatorStoppedError` on ``stopped``."""
+        assert self.states is not None
+        try:
+            trusted = self.states.read(0)  # target 0: a worker ahead of the state's round is not behind it here
+        except StorageUnavailableError as exc:  # the store is down for now: play on, read it again later
+            logger.warning("storage unavailable while reading the state (%s); will try again", exc)
+            return state
+        if trusted is None or trusted.status in ("waiting", "running"):
+            return state if trusted is None else state.model_copy(update={"max_rounds": trusted.max_rounds})
+        if trusted.status == "stopped":
+            raise CoordinatorStoppedError(trusted)
+        return trusted
 
     def _reconcile(self, state: StateRecord, target: int) -> int:
         """This worker's progress is ahead of the coordinator's state for good (§5.5): the round to play next."""
@@ -469,7 +557,11 @@ class Worker:
         t0 = time.monotonic()
         local = self._generate_and_publish(ctx, state, buffered)
         generated = time.monotonic()
-        gathered, selection = self._select_externals(ctx, state)
+        if self._pickup is None:
+            gathered, selection = self._select_externals(ctx, state)
+            extra = {}
+        else:
+            gathered, selection, extra = self._pick_up_externals(ctx)
         gathered_at = time.monotonic()
         if self.stop.is_set():  # before the update: at stage 0 the model is the last whole round's, which a stop
             raise Stopped()  # checkpoints; at a later stage it holds part of this round, and no checkpoint is saved
@@ -492,6 +584,7 @@ class Worker:
                 "time/generate_s": generated - t0,
                 "time/gather_s": gathered_at - generated,
                 "time/train_s": time.monotonic() - gathered_at,
+                **extra,
                 **train_metrics,
             }
         )
@@ -553,6 +646,35 @@ class Worker:
                 offered=selection.offered,
             )
         return gathered, selection
+
+    def _pick_up_externals(self, ctx: StageContext) -> tuple[Gathered, Selection, dict[str, float | int | None]]:
+        """An asynchronous stage's J external groups (:class:`Pickup`, never waiting), each one recorded in an
+        ``externals_taken`` event; a shortfall is an event as in the synchronous mode. Also the stage's staleness
+        metrics."""
+        assert self._pickup is not None
+        j = self.config.num_transplant_trees
+        if not j:
+            selection = Gathered().select(0, ctx)
+            return Gathered(), selection, {}
+        picked = self._pickup.run(ctx)
+        selection = picked.selection
+        if picked.taken:
+            self.log.event(
+                "externals_taken",
+                f"{len(picked.taken)} external groups: "
+                + ", ".join(f"{t.source} round {t.source_round} ({t.age_s:.1f} s old)" for t in picked.taken),
+                **picked.event_data(),
+            )
+        if selection.shortfall:
+            self.log.event(
+                "external_shortfall",
+                f"wanted {j} external groups, got {len(selection.chosen)}",
+                level="warning",
+                requested=j,
+                used=len(selection.chosen),
+                offered=selection.offered,
+            )
+        return picked.gathered, selection, picked.metrics()
 
     def _submit(self, ctx: StageContext, state: StateRecord, local: list[ScoredGroup], selection: Selection) -> float:
         """Write this stage's reward record (the mean reward of the local completions); returns that reward."""
