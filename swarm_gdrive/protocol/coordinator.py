@@ -10,6 +10,12 @@ per poll, each reward file downloaded once (several at once), a listing of ``pee
 HEARTBEAT_INTERVAL / 4 seconds with a peer file downloaded only when it changed and its record matters,
 and the next round's folders created ahead of it. Polls are brisk while some but not all live workers
 have submitted, and around the moment the round is expected to end; they back off otherwise.
+
+In an asynchronous experiment (ROUND_MODE=async, the state's ``mode``) there is no round clock: each worker plays
+its own rounds. The coordinator opens the experiment as above, writes one ``running`` state, and then keeps only
+liveness (``live_workers``, rewritten when the set changes), the record of each worker's progress, the stop, and
+the end: :func:`decide_async` finishes the experiment once every live worker that joined has submitted the last
+stage of round MAX_ROUNDS - 1, and at least MIN_WORKERS have.
 """
 
 from __future__ import annotations
@@ -127,6 +133,41 @@ def decide(
     return Decision(None, "waiting for submissions")
 
 
+def decide_async(
+    state: StateRecord,
+    live: frozenset[str],
+    joined: frozenset[str],
+    done: frozenset[str],
+    interval: float,
+    min_workers: int,
+    now: float,
+) -> Decision:
+    """The next state of an asynchronous experiment (ROUND_MODE=async); pure. No round is ever advanced.
+
+    ``joined``: the workers that registered in this run; ``done``: those with a reward of the last stage of round
+    ``max_rounds - 1`` (their last round). ``waiting`` opens (``running``, same round) once MIN_WORKERS are live, as
+    :func:`decide` does. ``running`` finishes (round ``max_rounds``, never backwards) once at least MIN_WORKERS are
+    done and no live worker that joined is still playing: one that stopped or fell silent does not hold the end
+    (as a synchronous round closes without it). Otherwise only a change of the live workers is written.
+    """
+    if state.status == "finished":
+        return Decision(None, "finished")
+    if state.status == "waiting":
+        if len(live) >= min_workers:
+            return Decision(_open(state, state.round, "running", live, interval, now, "start"), "start", True)
+        return Decision(None, "waiting for workers")
+    playing = (joined & live) - done
+    if len(done) >= min_workers and not playing:
+        last = max(state.round, state.max_rounds)
+        return Decision(_open(state, last, "finished", live, interval, now, "finished"), "all_done", True)
+    if sorted(live) != state.live_workers:
+        return Decision(
+            state.model_copy(update={"live_workers": sorted(live), "seq": state.seq + 1, "updated_at": now}),
+            "live workers changed",
+        )
+    return Decision(None, "workers playing")
+
+
 def _open(
     state: StateRecord, round_: int, status: str, live: frozenset[str], interval: float, now: float, reason: str
 ) -> StateRecord:
@@ -215,6 +256,10 @@ class Coordinator:
             foreign = self._beyond_bounds(state, last)
             if foreign is not None:
                 state = None
+        if state is not None and state.mode != self.config.round_mode:
+            # The mode defines how the rounds were played: a record of both in one run would be neither's.
+            self._reset_or_refuse(f"it was started with ROUND_MODE={state.mode!r} (now {self.config.round_mode!r})")
+            return self._create()
         if state is None:
             state = self._recover_state(existing.run_id, last, foreign)
         elif state.status == "finished" and state.round < self.config.max_rounds:
@@ -317,9 +362,18 @@ class Coordinator:
                     status=state.status,
                 )
             return state
+        why = why or self.exchange.rejection(self.layout.state_file) or "missing"
+        if state.mode == "async":  # no round to resume: the workers' own progress is in their rewards
+            self.log.event(
+                "state_recovered",
+                f"{self.layout.state_file} is {why}: resuming the asynchronous experiment (rewards up to round {last})",
+                level="warning",
+                round_=0,
+                status="running",
+            )
+            return state.model_copy(update={"status": "running", "advance_reason": "resume"})
         round_ = last + 1
         status = "finished" if round_ >= self.config.max_rounds else "running"
-        why = why or self.exchange.rejection(self.layout.state_file) or "missing"
         self.log.event(
             "state_recovered",
             f"{self.layout.state_file} is {why}: resuming at round {round_} ({status}), after round {last}, the last "
@@ -355,6 +409,7 @@ class Coordinator:
             round_deadline=now + self.config.coordinator_round_interval,
             coordinator_id=self.node_id,
             updated_at=now,
+            mode=self.config.round_mode,
         )
 
     # -- loop ------------------------------------------------------------------------------
@@ -423,7 +478,10 @@ class Coordinator:
         heartbeat.start()
         self.tracking.start(state.run_id)
         try:
-            self._serve(state, heartbeat)
+            if state.mode == "async":
+                self._serve_async(state, heartbeat)
+            else:
+                self._serve(state, heartbeat)
             self._drain()
         except Stopped:
             logger.info("stopping on request")
@@ -485,6 +543,102 @@ class Coordinator:
                 if state.status == "running":
                     timeout = min(timeout, max(0.0, self.config.coordinator_round_interval - (self.clock() - opened)))
                 self.stop.wait(max(timeout, 0.01))
+
+    def _serve_async(self, state: StateRecord, heartbeat: Heartbeat) -> None:
+        """The loop of an asynchronous experiment: liveness, each worker's progress, the end (:func:`decide_async`);
+        no round is opened and no worker waits for this node. Stopped, it writes ``stopped`` as the synchronous loop
+        does."""
+        backoff = Backoff(self.config.poll_interval_min, self.config.poll_interval_max)
+        checked = self.clock()
+        done: set[str] = set()
+        seen: tuple[frozenset[str], int] | None = None
+        said = -math.inf
+        while state.status != "finished":
+            if self.stop.is_set():
+                self._announce_stop(state)
+                raise Stopped()
+            now = self.clock()
+            if now - checked >= self.config.heartbeat_interval:
+                state, checked = self._keep_own_state(state), now
+            live = self._observe_peers(state, now)
+            if state.status == "waiting" and len(live) < self.config.min_workers:
+                self.report_waiting(live, now)
+            self._count_done(state, done)
+            decision = decide_async(
+                state,
+                live,
+                frozenset(self.workers_seen),
+                frozenset(done),
+                self.config.coordinator_round_interval,
+                self.config.min_workers,
+                time.time(),
+            )
+            if decision.state is not None:
+                self.exchange.write_state(decision.state)
+                if decision.state.status != state.status:
+                    self._async_status_changed(decision.state, live, done)
+                state = decision.state
+                logctx.set_round(state.round)
+                heartbeat.set_round(state.round)
+            if state.status == "running":
+                if now - said >= WAITING_REPORT_SECONDS:
+                    said = now
+                    logger.info("%s", self.progress_message(state, live, done))
+                self._prepare_async_rounds(state)
+            if (live, len(done)) != seen:
+                backoff.reset()
+                seen = (live, len(done))
+            if state.status != "finished":
+                self.stop.wait(max(backoff.next(), 0.01))
+
+    def _count_done(self, state: StateRecord, done: set[str]) -> None:
+        """Add to ``done`` the registered workers whose reward of the last stage of round ``max_rounds`` - 1 is in
+        the folder (a listing of that folder per call), each with a ``worker_completed`` event."""
+        if state.status != "running":
+            return
+        last = state.max_rounds - 1
+        arrived = self.exchange.read_rewards(last, state.num_stages - 1, only=self.workers_seen)
+        for node in sorted(set(arrived) - done):
+            done.add(node)
+            self.log.event(
+                "worker_completed",
+                f"{node} played its last round, {last} (MAX_ROUNDS={state.max_rounds})",
+                round_=last,
+                node=node,
+            )
+            self.log.flush()
+
+    def _async_status_changed(self, new: StateRecord, live: frozenset[str], done: set[str]) -> None:
+        """The asynchronous experiment opened (``running``) or finished: an event, a metric line, a flush."""
+        if new.status == "running":
+            summary = f"asynchronous rounds started with {len(live)} live workers"
+            self.log.event("round_opened", summary, round_=new.round, reason="start", live=len(live), mode="async")
+        else:
+            summary = f"every live worker played its {new.max_rounds} rounds: {', '.join(sorted(done))}"
+            self.log.event(
+                "experiment_finished", summary, round_=new.round, reason="all_done", live=len(live), done=len(done)
+            )
+            self.log.metric({"swarm/live_workers": len(live), "swarm/workers_done": len(done)}, round_=new.round)
+        logger.info("%s", summary)
+        self.log.flush()
+
+    def worker_rounds(self) -> dict[str, int]:
+        """The round each live-known worker's last peer record read says it plays (an asynchronous experiment's
+        progress; as fresh as the coordinator's reads of peer files, §6)."""
+        return {node: record.round for node, (record, _) in sorted(self._alive.items()) if record.round is not None}
+
+    def progress_message(self, state: StateRecord, live: frozenset[str], done: set[str]) -> str:
+        """``asynchronous rounds: w1 at round 12, w2 at round 3 of 20; 0 of 2 done``."""
+        rounds = self.worker_rounds()
+        shown = ", ".join(f"{node} at round {r}" for node, r in rounds.items()) or "no worker has started a round"
+        return f"asynchronous rounds: {shown} of {state.max_rounds}; {len(done)} done, {len(live)} live"
+
+    def _prepare_async_rounds(self, state: StateRecord) -> None:
+        """The folders of the rounds just ahead of the furthest worker (:meth:`prepare_rounds` for one clock): one
+        creator makes no duplicate round folders, as long as this node keeps ahead."""
+        furthest = max(self.worker_rounds().values(), default=0)
+        for round_ in range(furthest, min(furthest + ROUNDS_AHEAD + 1, state.max_rounds)):
+            self.exchange.prepare_round(round_, state.num_stages)
 
     def _announce_stop(self, state: StateRecord) -> None:
         """Write the state as ``stopped`` (seq + 1): the workers that follow the rounds read it, finish their round,
