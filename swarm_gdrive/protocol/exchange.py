@@ -568,6 +568,16 @@ class Exchange:
             for path in self._cached_rollouts.pop(old):
                 self._cache.pop(path, None)
 
+    def forget_rollout_file(self, round_: int, stage: int, node_id: str) -> None:
+        """Let go of one node's batch of a stage kept from an earlier read (a reader of several rounds at once)."""
+        path = self.layout.rollout_file(round_, stage, node_id)
+        self._cache.pop(path, None)
+        held = self._cached_rollouts.get(round_)
+        if held is not None:
+            held.discard(path)
+            if not held:
+                del self._cached_rollouts[round_]
+
     def _batches_to_read(
         self,
         folder: str,

@@ -130,7 +130,8 @@ class Pickup:
         self._starts: list[float] = []  # this worker's round starts, wall clock, oldest first
         self._peers: dict[str, int] = {}  # live peer -> the round its record says it plays
         self._peers_read_at: float | None = None
-        self._verdicts: dict[tuple[str, int, int], Verdicts] = {}  # by (source, round, stage)
+        self._held: set[tuple[str, int, int]] = set()  # (source, round, stage) of the batches read and kept
+        self._verdicts: dict[tuple[str, int, int], Verdicts] = {}  # by (source, round, stage): groups' re-scores
 
     # -- this worker's rounds ----------------------------------------------------------------
 
@@ -241,18 +242,21 @@ class Pickup:
             ).get(peer)
             if skipped.get(peer) == OVER_BUDGET:
                 return None, True
+            if batch is not None:
+                self._held.add((peer, candidate, stage))
             if batch is not None and batch.complete:
                 return batch, False
         return None, False
 
     def _forget_old(self, peers: dict[str, int]) -> None:
-        """Let go of what no later pickup reads: batches and verdicts of rounds before every live peer's round - 1."""
-        if not peers:
-            return
-        oldest = min(peers.values()) - 1
-        self.exchange.forget_rollouts(before_round=oldest)
-        for key in [k for k in self._verdicts if k[1] < oldest]:
-            del self._verdicts[key]
+        """Let go of what no later pickup reads: each batch kept (and its re-scores) of a round before its peer's
+        round - 1, and every one of a peer no longer live. Memory then holds about two batches a stage per live
+        peer, however far apart the peers' rounds are."""
+        for source, round_, stage in list(self._held):
+            if round_ < peers.get(source, round_ + 2) - 1:
+                self._held.discard((source, round_, stage))
+                self._verdicts.pop((source, round_, stage), None)
+                self.exchange.forget_rollout_file(round_, stage, source)
 
     def _budget_spent(self, budget: ReadBudget, unread: list[str]) -> None:
         self.event(

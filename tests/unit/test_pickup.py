@@ -311,3 +311,18 @@ def test_decide_async_finishes_once_no_live_worker_that_joined_is_still_playing_
     # fewer than MIN_WORKERS done: no end
     assert decide_async(state(), frozenset(), joined, frozenset({"w1"}), 60.0, 2, NOW).state is None
     assert decide_async(state("finished"), frozenset(), joined, joined, 60.0, 1, NOW).state is None
+
+
+def test_a_batch_kept_from_an_earlier_pickup_is_let_go_once_its_peer_has_moved_on(folder):
+    clock = Clock()
+    folder.peer("peer", 1)
+    folder.batch("peer", 1, [group(1), group(2)], created_at=NOW - 2)
+    pickup, _ = pickup_for(folder, clock, wanted=1)
+    kept = folder.layout.rollout_file(1, 0, "peer")
+    assert len(pickup.run(ctx(0)).taken) == 1
+    assert kept in pickup.exchange._cache  # read again at the next pickup only if it changed
+
+    folder.peer("peer", 5, beat=2)
+    folder.batch("peer", 5, [group(3)], created_at=NOW - 1)
+    assert [(t.source_round, t.group_id) for t in pickup.run(ctx(1)).taken] == [(5, "g3")]
+    assert kept not in pickup.exchange._cache  # round 1 is before the peer's round - 1: nobody reads it again
