@@ -164,7 +164,8 @@ class StateFollower:
 
     def _watch_behind(self, state: StateRecord, target: int, now: float) -> None:
         """Follow the file again once it has stayed behind the trusted state or the worker's progress."""
-        ahead = state.round < target - 1 and target > self._floor  # progress no reward of its own backs
+        # progress no reward of its own backs; an asynchronous experiment's round is no clock a worker follows
+        ahead = state.mode == "sync" and state.round < target - 1 and target > self._floor
         behind = (self.trusted is not None and self.trusted.is_newer_than(state)) or ahead
         if not behind:
             self._behind_since = None

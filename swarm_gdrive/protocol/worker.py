@@ -103,6 +103,7 @@ class Worker:
         self.rounds = RoundClock()
         self._gather_backoff = Backoff(config.poll_interval_min, min(config.poll_interval_max, 2.0))
         self._pickup: Pickup | None = None  # set while this worker plays its own rounds (an asynchronous experiment)
+        self._mode_noted = False  # the INFO line saying that this worker follows the experiment's mode was written
 
     def _rejected(self, path: str, reason: str) -> None:
         self.log.event("file_rejected", f"{path}: {reason}", level="warning", path=path)
@@ -356,6 +357,7 @@ class Worker:
         target = 0 if last is None else last + 1
         while True:
             state = self._next_state(target)
+            self._note_mode(state)
             if state.status == "running" and state.mode == "async":
                 self._async_rounds(state, last)
                 return
@@ -381,6 +383,19 @@ class Worker:
             last = state.round
             target = state.round + 1
 
+    def _note_mode(self, state: StateRecord) -> None:
+        """Say once, at INFO, that this worker's ROUND_MODE is not the experiment's: it follows the experiment's."""
+        if self._mode_noted or state.status != "running" or state.mode == self.config.round_mode:
+            return
+        self._mode_noted = True
+        logger.info(
+            "experiment %s plays %s rounds (its coordinator's ROUND_MODE): so does this worker; its own "
+            "ROUND_MODE=%s applies only where it is the coordinator",
+            self.config.experiment_name,
+            "asynchronous" if state.mode == "async" else "synchronous",
+            self.config.round_mode,
+        )
+
     def _final_end(self, last: int | None, run_id: str) -> None:
         """After this worker's last round: the final policy's held-out evaluation (EVAL_INTERVAL > 0) and the
         workload's final end of round (its last checkpoint), when it played a round."""
@@ -403,12 +418,6 @@ class Worker:
         coordinator's stop and a reset a :class:`RunChangedError`. Its own last round played, the worker ends as on
         ``finished``; the coordinator then marks the experiment finished once every worker has.
         """
-        if self.config.round_mode != "async":
-            logger.info(
-                "this experiment plays asynchronous rounds (its coordinator's ROUND_MODE=async): so does this worker, "
-                "whose ROUND_MODE=%s applies to experiments it coordinates",
-                self.config.round_mode,
-            )
         self._pickup = Pickup(
             self.exchange,
             self.config.sapo_max_peers,

@@ -5,6 +5,7 @@ reaches them, and the synchronous default writes the state it always did."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -69,7 +70,8 @@ def rewarded(folder: Path, node: str) -> list[int]:
     return sorted(decode(p.read_bytes(), RewardRecord).round for p in found)
 
 
-def test_an_async_swarm_plays_every_round_of_every_worker_once_and_finishes(tmp_path):
+def test_an_async_swarm_plays_every_round_of_every_worker_once_and_finishes(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="swarm_gdrive.protocol.worker")
     rounds = 6
     env = env_for(tmp_path, MAX_ROUNDS=rounds, MIN_WORKERS=3, NUM_TRANSPLANT_TREES=2, SYNTHETIC_STEP_SECONDS=0.05)
     nodes = start(env, {w: {} for w in ("w1", "w2", "w3")})
@@ -85,6 +87,9 @@ def test_an_async_swarm_plays_every_round_of_every_worker_once_and_finishes(tmp_
         done = [e for e in events_of(tmp_path, w) if e.event == "rounds_completed"]
         assert len(done) == 1 and done[0].data["max_rounds"] == rounds
         assert not any(e.event in ("round_skipped", "worker_gave_up") for e in events_of(tmp_path, w))
+    # The workers, left with ROUND_MODE=sync, follow the experiment's mode and say so once each.
+    followed = [r for r in caplog.records if "plays asynchronous rounds" in r.getMessage()]
+    assert len(followed) == 3 and all("ROUND_MODE=sync" in r.getMessage() for r in followed)
     coordinator = events_of(tmp_path, "coord")
     assert sorted(e.data["node"] for e in coordinator if e.event == "worker_completed") == ["w1", "w2", "w3"]
     assert [e.event for e in coordinator if e.event in ("round_advanced", "experiment_finished")] == [
@@ -182,6 +187,7 @@ def test_the_coordinators_stop_reaches_async_workers_and_a_restarted_swarm_plays
     assert (state.status, state.mode, state.round) == ("finished", "async", rounds)
     for w in ("w1", "w2"):
         assert stage_rounds(tmp_path, w) == list(range(rounds)), w  # nothing played twice, nothing skipped
+        assert not any(e.event == "progress_reconciled" for e in events_of(tmp_path, w))
     resumed = [e for e in events_of(tmp_path, "coord") if e.event == "coordinator_resumed"]
     assert len(resumed) == 1
 
