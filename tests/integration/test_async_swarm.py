@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from swarm_gdrive.config import from_env
+from swarm_gdrive.procs import NodeProcess, stop_all
 from swarm_gdrive.protocol.coordinator import Coordinator, ExperimentMismatchError
 from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.protocol.records import EventRecord, MetricRecord, RewardRecord, StateRecord, decode, decode_lines
@@ -213,3 +214,22 @@ def test_the_synchronous_default_writes_no_mode_into_the_state(tmp_path):
     state = decode(raw, StateRecord)
     assert (state.status, state.round, state.mode) == ("finished", 2, "sync")
     assert not any(e.event == "rounds_completed" for e in events_of(tmp_path, "w1"))
+
+
+@pytest.mark.slow
+def test_an_async_swarm_of_real_processes_finishes_with_exit_codes_0(tmp_path):
+    """The launcher's path: ROUND_MODE=async set on the coordinator process only; the worker processes follow it."""
+    rounds = 4
+    env = env_for(tmp_path, MAX_ROUNDS=rounds, MIN_WORKERS=2, NUM_TRANSPLANT_TREES=1, SYNTHETIC_STEP_SECONDS=0.1)
+    nodes = [NodeProcess("coord", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord", "ROUND_MODE": "async"})]
+    nodes += [NodeProcess(w, {**env, "NODE_ROLE": "worker", "NODE_ID": w}) for w in ("w1", "w2")]
+    try:
+        codes = [n.wait(timeout=120) for n in nodes]
+    finally:
+        stop_all([n for n in nodes if n.returncode is None], timeout=5)
+    assert codes == [0, 0, 0], [n.lines[-10:] for n in nodes]
+    state = state_of(tmp_path)
+    assert (state.status, state.round, state.mode) == ("finished", rounds, "async")
+    for worker in nodes[1:]:
+        assert stage_rounds(tmp_path, worker.name) == list(range(rounds))
+        assert any("plays asynchronous rounds" in line for line in worker.lines), worker.lines[-10:]
