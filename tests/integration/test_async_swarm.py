@@ -206,6 +206,26 @@ def test_a_coordinator_restarted_with_the_other_round_mode_refuses_the_experimen
     assert state_of(tmp_path).mode == "async"  # nothing written
 
 
+def test_a_coordinator_that_lost_the_state_of_an_async_run_recovers_it_from_the_workers_rewards(tmp_path):
+    """The state file gone (a hostile or broken folder): the restarted coordinator resumes the run as running (not
+    finished on the newest reward alone, as a synchronous recovery would) and finishes it by the rewards."""
+    env = env_for(tmp_path, MAX_ROUNDS=3, MIN_WORKERS=2)
+    assert join(start(env, {"w1": {}, "w2": {}})) == [0, 0, 0]
+    (tmp_path / LAYOUT.state_file).unlink()
+    (tmp_path / LAYOUT.reward_file(2, 0, "w2")).unlink()  # as if w2 had not played its last round yet
+
+    # MIN_WORKERS=1 now: w1 is done, and w2, which exited, is not live: it does not hold the end
+    restarted = {**env, "MIN_WORKERS": "1", "NODE_ROLE": "coordinator", "NODE_ID": "coord", "ROUND_MODE": "async"}
+    coordinator = Node(restarted)
+    coordinator.start()
+    coordinator.join(30)
+    assert coordinator.code == 0
+    state = state_of(tmp_path)
+    assert (state.status, state.round, state.mode) == ("finished", 3, "async")
+    recovered = [e for e in events_of(tmp_path, "coord") if e.event == "state_recovered"]
+    assert len(recovered) == 1 and recovered[0].data["status"] == "running"
+
+
 def test_the_synchronous_default_writes_no_mode_into_the_state(tmp_path):
     env = env_for(tmp_path, MAX_ROUNDS=2, MIN_WORKERS=1, NUM_TRANSPLANT_TREES=1)
     run_threads(env, 2)
