@@ -241,6 +241,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _round_number(name: str) -> int:
+    return int(name.rsplit("_", 1)[-1])
+
+
 def render(result: dict[str, Any]) -> str:
     runs = result["runs"]
     gb = 1e9
@@ -254,12 +258,20 @@ def render(result: dict[str, Any]) -> str:
         ("wall time, s", *(f"{r['seconds']:.0f}" for r in runs)),
         ("rounds trained", *(r["rounds"] for r in runs)),
         ("mean round, s", *(f"{r['round_seconds_mean']:.1f}" if r["round_seconds_mean"] else "-" for r in runs)),
-        ("checkpoints written", *(len(r["checkpoints_in_window"]) for r in runs)),
+        (
+            "checkpoints written (rounds)",
+            *(
+                f"{len(r['checkpoints_in_window'])} "
+                f"({', '.join(sorted(r['checkpoints_in_window'], key=_round_number))})"
+                for r in runs
+            ),
+        ),
         ("a checkpoint, GB", *(f"{r['largest_checkpoint'] / gb:.3f}" for r in runs)),
         ("checkpoint bytes, GB", *(f"{r['checkpoint_bytes'] / gb:.2f}" for r in runs)),
         ("other files, MB", *(f"{r['other_bytes'] / 1e6:.1f}" for r in runs)),
+        ("written in the first 60 minutes, GB", *(f"{r['first_hour_bytes'] / gb:.2f}" for r in runs)),
         (
-            "**written per hour, GB**",
+            "**written per hour over the whole run, GB**",
             *(f"**{per_hour(r, 'checkpoint_bytes') + per_hour(r, 'other_bytes'):.2f}**" for r in runs),
         ),
         ("the stop's checkpoint, GB", *(f"{r['stop_checkpoint_bytes'] / gb:.3f}" for r in runs)),
