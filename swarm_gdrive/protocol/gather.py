@@ -199,16 +199,7 @@ class PeerGather:
         if self.over_budget:
             return
         self.over_budget = unread
-        self.event(
-            "gather_budget_spent",
-            f"read {len(self.budget.paths)} rollout files ({(MAX_GATHER_BYTES - self.budget.bytes) / 2**20:.1f} MiB) "
-            f"this stage, the most a gather reads (MAX_GATHER_FILES={MAX_GATHER_FILES}, MAX_GATHER_BYTES="
-            f"{MAX_GATHER_BYTES}); left unread: {', '.join(sorted(unread)[:IGNORED_SHOWN])}"
-            + (" ..." if len(unread) > IGNORED_SHOWN else ""),
-            level="warning",
-            unread=sorted(unread)[:IGNORED_SHOWN],
-            count=len(unread),
-        )
+        say_budget_spent(self.event, self.budget, sorted(unread), "a gather")
 
     def _report_ignored(self) -> None:
         if not self.ignored:
@@ -228,6 +219,19 @@ class PeerGather:
         scored, rejected = score_batch(self.ctx, node, batch, self.rescore, self.event, self._verdicts)
         self.gathered.dropped += rejected
         return scored
+
+
+def say_budget_spent(event: EventSink, budget: ReadBudget, unread: list[str], reader: str) -> None:
+    """The ``gather_budget_spent`` warning: ``budget`` is spent and the batches of ``unread`` were left unread."""
+    event(
+        "gather_budget_spent",
+        f"read {len(budget.paths)} rollout files ({(MAX_GATHER_BYTES - budget.bytes) / 2**20:.1f} MiB) this stage, "
+        f"the most {reader} reads (MAX_GATHER_FILES={MAX_GATHER_FILES}, MAX_GATHER_BYTES={MAX_GATHER_BYTES}); "
+        f"left unread: {', '.join(unread[:IGNORED_SHOWN])}" + (" ..." if len(unread) > IGNORED_SHOWN else ""),
+        level="warning",
+        unread=unread[:IGNORED_SHOWN],
+        count=len(unread),
+    )
 
 
 #: (node, group id) -> a group as last read and its local re-score (None: rejected).

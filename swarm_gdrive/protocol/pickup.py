@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from swarm_gdrive.protocol.coordinator import Liveness
 from swarm_gdrive.protocol.exchange import OVER_BUDGET, Exchange, ReadBudget, listing_key
 from swarm_gdrive.protocol.gather import (
-    IGNORED_SHOWN,
     MAX_GATHER_BYTES,
     MAX_GATHER_FILES,
     EventSink,
     Gathered,
     Rescore,
     Verdicts,
+    say_budget_spent,
     score_batch,
 )
 from swarm_gdrive.protocol.records import PeerRecord, RolloutBatch
@@ -178,7 +178,7 @@ class Pickup:
                 break
             batch, spent = self._freshest(peer, peers[peer], ctx.stage, budget)
             if spent:
-                self._budget_spent(budget, order[order.index(peer) :])
+                say_budget_spent(self.event, budget, order[order.index(peer) :], "a pickup")
                 break
             if batch is None:
                 continue
@@ -257,15 +257,3 @@ class Pickup:
                 self._held.discard((source, round_, stage))
                 self._verdicts.pop((source, round_, stage), None)
                 self.exchange.forget_rollout_file(round_, stage, source)
-
-    def _budget_spent(self, budget: ReadBudget, unread: list[str]) -> None:
-        self.event(
-            "gather_budget_spent",
-            f"read {len(budget.paths)} rollout files ({(MAX_GATHER_BYTES - budget.bytes) / 2**20:.1f} MiB) this "
-            f"stage, the most a pickup reads (MAX_GATHER_FILES={MAX_GATHER_FILES}, MAX_GATHER_BYTES="
-            f"{MAX_GATHER_BYTES}); left unread: {', '.join(unread[:IGNORED_SHOWN])}"
-            + (" ..." if len(unread) > IGNORED_SHOWN else ""),
-            level="warning",
-            unread=unread[:IGNORED_SHOWN],
-            count=len(unread),
-        )

@@ -645,6 +645,11 @@ class Worker:
             )
             gathered = gather.run(self.stop, self.config.rollout_wait_timeout, self._gather_backoff)
         selection = gathered.select(j, ctx)
+        self._say_shortfall(j, selection)
+        return gathered, selection
+
+    def _say_shortfall(self, j: int, selection: Selection) -> None:
+        """Fewer than J external groups were found for the stage: an ``external_shortfall`` event."""
         if selection.shortfall:
             self.log.event(
                 "external_shortfall",
@@ -654,7 +659,6 @@ class Worker:
                 used=len(selection.chosen),
                 offered=selection.offered,
             )
-        return gathered, selection
 
     def _pick_up_externals(self, ctx: StageContext) -> tuple[Gathered, Selection, dict[str, float | int | None]]:
         """An asynchronous stage's J external groups (:class:`Pickup`, never waiting), each one recorded in an
@@ -674,15 +678,7 @@ class Worker:
                 + ", ".join(f"{t.source} round {t.source_round} ({t.age_s:.1f} s old)" for t in picked.taken),
                 **picked.event_data(),
             )
-        if selection.shortfall:
-            self.log.event(
-                "external_shortfall",
-                f"wanted {j} external groups, got {len(selection.chosen)}",
-                level="warning",
-                requested=j,
-                used=len(selection.chosen),
-                offered=selection.offered,
-            )
+        self._say_shortfall(j, selection)
         return picked.gathered, selection, picked.metrics()
 
     def _submit(self, ctx: StageContext, state: StateRecord, local: list[ScoredGroup], selection: Selection) -> float:
