@@ -15,7 +15,7 @@ In an asynchronous experiment (ROUND_MODE=async, the state's ``mode``) there is 
 its own rounds. The coordinator opens the experiment as above, writes one ``running`` state, and then keeps only
 liveness (``live_workers``, rewritten when the set changes), the record of each worker's progress, the stop, and
 the end: :func:`decide_async` finishes the experiment once every live worker that joined has submitted the last
-stage of round MAX_ROUNDS - 1, and at least MIN_WORKERS have.
+stage of round MAX_ROUNDS - 1, and at least one has.
 """
 
 from __future__ import annotations
@@ -146,9 +146,10 @@ def decide_async(
 
     ``joined``: the workers that registered in this run; ``done``: those with a reward of the last stage of round
     ``max_rounds - 1`` (their last round). ``waiting`` opens (``running``, same round) once MIN_WORKERS are live, as
-    :func:`decide` does. ``running`` finishes (round ``max_rounds``, never backwards) once at least MIN_WORKERS are
+    :func:`decide` does. ``running`` finishes (round ``max_rounds``, never backwards) once at least one worker is
     done and no live worker that joined is still playing: one that stopped or fell silent does not hold the end
-    (as a synchronous round closes without it). Otherwise only a change of the live workers is written.
+    (as a synchronous round closes without it), so one that died for good cannot keep the experiment open.
+    Otherwise only a change of the live workers is written.
     """
     if state.status == "finished":
         return Decision(None, "finished")
@@ -157,7 +158,7 @@ def decide_async(
             return Decision(_open(state, state.round, "running", live, interval, now, "start"), "start", True)
         return Decision(None, "waiting for workers")
     playing = (joined & live) - done
-    if len(done) >= min_workers and not playing:
+    if done and not playing:
         last = max(state.round, state.max_rounds)
         return Decision(_open(state, last, "finished", live, interval, now, "finished"), "all_done", True)
     if sorted(live) != state.live_workers:
@@ -242,6 +243,10 @@ class Coordinator:
             return self._create()
         if existing is None:
             return self._create()
+        if existing.mode != self.config.round_mode:
+            # The mode defines how the rounds were played: a record of both in one run would be neither's.
+            self._reset_or_refuse(f"it was started with ROUND_MODE={existing.mode!r} (now {self.config.round_mode!r})")
+            return self._create()
         self.exchange.run_id = existing.run_id
         try:
             state = self.exchange.read_state()
@@ -252,14 +257,12 @@ class Coordinator:
             # unreadable one is, never a reason to stop the swarm.
             state, foreign = None, f"of another run ({exc})"
         last = self._last_rewarded_round(self.config.num_stages)  # once: the bounds check and the recovery use it
+        if state is not None and state.mode != existing.mode:  # not this run's: planted, recovered from
+            state, foreign = None, f"of ROUND_MODE={state.mode!r}, not experiment.json's {existing.mode!r}"
         if state is not None:
             foreign = self._beyond_bounds(state, last)
             if foreign is not None:
                 state = None
-        if state is not None and state.mode != self.config.round_mode:
-            # The mode defines how the rounds were played: a record of both in one run would be neither's.
-            self._reset_or_refuse(f"it was started with ROUND_MODE={state.mode!r} (now {self.config.round_mode!r})")
-            return self._create()
         if state is None:
             state = self._recover_state(existing.run_id, last, foreign)
         elif state.status == "finished" and state.round < self.config.max_rounds:
@@ -326,6 +329,7 @@ class Coordinator:
                 config=self.config.fingerprint_fields(),
                 coordinator_id=self.node_id,
                 created_at=time.time(),
+                mode=self.config.round_mode,
             )
         )
         state = self._initial_state(run_id)

@@ -35,6 +35,7 @@ from swarm_gdrive.protocol.gather import (
 from swarm_gdrive.protocol.records import PeerRecord, RolloutBatch
 from swarm_gdrive.protocol.sapo import Selection, rng_for, select_external
 from swarm_gdrive.protocol.workload import StageContext
+from swarm_gdrive.storage.base import StorageUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +164,11 @@ class Pickup:
     def run(self, ctx: StageContext) -> PickedUp:
         """This stage's external groups: at most J, never waiting; nothing read twice in one call."""
         rng = rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="pickup")
-        peers = self.live_peers()
+        try:
+            peers = self.live_peers()
+        except StorageUnavailableError as exc:  # the store is down for now: the peers last seen, or none
+            logger.warning("storage unavailable while listing peers (%s); the pickup goes on without", exc)
+            peers = self._peers
         order = sorted(peers)
         rng.shuffle(order)
         if self.max_peers:
@@ -176,7 +181,11 @@ class Pickup:
         for peer in order:
             if useful >= self.wanted:
                 break
-            batch, spent = self._freshest(peer, peers[peer], ctx.stage, budget)
+            try:
+                batch, spent = self._freshest(peer, peers[peer], ctx.stage, budget)
+            except StorageUnavailableError as exc:  # never a crash mid-round: train on what is in hand
+                logger.warning("storage unavailable while reading %s's rollouts (%s); the pickup stops here", peer, exc)
+                break
             if spent:
                 say_budget_spent(self.event, budget, order[order.index(peer) :], "a pickup")
                 break

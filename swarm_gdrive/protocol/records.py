@@ -69,6 +69,10 @@ class _Record(BaseModel):
     schema_version: Literal[1] = SCHEMA_VERSION
 
 
+def _is_sync(value: object) -> bool:
+    return value == "sync"
+
+
 class ExperimentRecord(_Record):
     """experiment.json: written once by the coordinator."""
 
@@ -79,10 +83,9 @@ class ExperimentRecord(_Record):
     config: dict[ShortText, Scalar] = Field(max_length=64)
     coordinator_id: NodeId
     created_at: Timestamp
-
-
-def _is_sync(value: object) -> bool:
-    return value == "sync"
+    #: ROUND_MODE of the run, fixed at its creation: a state of another mode is not this run's (a worker never
+    #: plays it, a restarting coordinator recovers from it). Left out of the JSON when ``sync``, as before the field.
+    mode: Literal["sync", "async"] = Field(default="sync", exclude_if=_is_sync)
 
 
 class StateRecord(_Record):

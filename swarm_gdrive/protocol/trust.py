@@ -101,6 +101,9 @@ class StateFollower:
 
     def _same_run(self, state: StateRecord) -> bool:
         if state.run_id == self.experiment.run_id:
+            if state.mode != self.experiment.mode:  # a state of another ROUND_MODE is no state of this run
+                self._reject(f"mode {state.mode} is not experiment.json's ({self.experiment.mode}): not played")
+                return False
             return True
         now_defined = self.exchange.read_experiment()
         if now_defined is not None and now_defined.run_id == state.run_id:
@@ -123,6 +126,8 @@ class StateFollower:
             return f"round {state.round} is more than one round ahead of round {base}"
         if self.trusted is not None and state.round >= self.trusted.max_rounds:
             return f"round {state.round} is beyond MAX_ROUNDS ({self.trusted.max_rounds})"
+        if self.trusted is not None and state.max_rounds != self.trusted.max_rounds:  # only a restart changes it
+            return f"MAX_ROUNDS changes from {self.trusted.max_rounds} to {state.max_rounds}"
         return None
 
     def _consider(self, state: StateRecord, now: float) -> None:

@@ -295,7 +295,7 @@ def test_decide_async_opens_at_min_workers_and_never_advances_a_round():
     assert (changed.round, changed.status, changed.live_workers, changed.seq) == (0, "running", ["w1", "w2"], 4)
 
 
-def test_decide_async_finishes_once_no_live_worker_that_joined_is_still_playing_and_min_workers_are_done():
+def test_decide_async_finishes_once_no_live_worker_that_joined_is_still_playing_and_one_is_done():
     joined = frozenset({"w1", "w2", "w3"})
     # w3 is live and playing: the end waits for it
     playing = state(live=("w3",))
@@ -308,8 +308,10 @@ def test_decide_async_finishes_once_no_live_worker_that_joined_is_still_playing_
         "finished",
         "async",
     )
-    # fewer than MIN_WORKERS done: no end
-    assert decide_async(state(), frozenset(), joined, frozenset({"w1"}), 60.0, 2, NOW).state is None
+    # fewer than MIN_WORKERS done, the others gone for good: they do not keep the experiment open
+    assert decide_async(state(), frozenset(), joined, frozenset({"w1"}), 60.0, 2, NOW).state.status == "finished"
+    # none done yet and nobody live: no end (the workers may be starting again)
+    assert decide_async(state(), frozenset(), joined, frozenset(), 60.0, 1, NOW).state is None
     assert decide_async(state("finished"), frozenset(), joined, joined, 60.0, 1, NOW).state is None
 
 
@@ -326,3 +328,32 @@ def test_a_batch_kept_from_an_earlier_pickup_is_let_go_once_its_peer_has_moved_o
     folder.batch("peer", 5, [group(3)], created_at=NOW - 1)
     assert [(t.source_round, t.group_id) for t in pickup.run(ctx(1)).taken] == [(5, "g3")]
     assert kept not in pickup.exchange._cache  # round 1 is before the peer's round - 1: nobody reads it again
+
+
+def test_a_store_outage_during_the_pickup_is_a_shortfall_not_a_crash(folder, monkeypatch):
+    """The store goes away in the middle of a pickup (the second peer's read): the worker trains on the groups in
+    hand; with the peers' listing down too, on the peers last seen (review of issue #28: it crashed the worker)."""
+    from swarm_gdrive.storage.base import StorageUnavailableError
+
+    clock = Clock()
+    for name, index in (("p1", 1), ("p2", 3)):
+        folder.peer(name, 2)
+        folder.batch(name, 2, [group(index), group(index + 1)], created_at=NOW - 5)
+    pickup, _ = pickup_for(folder, clock, wanted=4)
+    exchange = pickup.exchange
+    real = exchange.read_rollouts
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(args)
+        if len(calls) > 1:
+            raise StorageUnavailableError("drive is down")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(exchange, "read_rollouts", failing)
+    picked = pickup.run(ctx(0))
+    assert len(picked.taken) == 2 and picked.selection.shortfall == 2  # the first peer's groups, then it stopped
+    monkeypatch.setattr(exchange, "read_peers", lambda: (_ for _ in ()).throw(StorageUnavailableError("down")))
+    monkeypatch.setattr(exchange, "read_rollouts", real)
+    again = pickup.run(ctx(1))  # the peers last seen are read: the other peer's groups
+    assert {t.source for t in again.taken} == {"p1", "p2"} - {t.source for t in picked.taken}

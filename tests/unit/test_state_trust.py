@@ -262,3 +262,33 @@ def test_live_twin_waits_on_an_alive_peer_file_and_says_whether_it_moved(tmp_pat
     found = live_twin(exchange, 0.05, 0.0, stop)
     beating.join()
     assert found is not None and "went from heartbeat 3 to 4" in found
+
+
+def test_a_state_of_the_other_round_mode_is_never_played(setup):
+    """A planted state of this run with ``mode: async`` in a synchronous run (experiment.json says sync) is
+    rejected however long it stays: it cannot switch the workers into their own rounds (review of issue #28)."""
+    writer, follower, rejected, clock = setup
+    writer.write_state(state(0, 1))
+    assert follower.read(0).round == 0
+    writer.write_state(state(0, 2, mode="async"))
+    for _ in range(3):
+        clock.now += 5.0
+        assert follower.read(1) == state(0, 1)
+    assert rejected and all("mode async is not experiment.json's (sync)" in why for why in rejected)
+
+
+def test_a_changed_max_rounds_is_played_only_once_it_stayed(setup):
+    """MAX_ROUNDS changes only at a coordinator's restart: a state that changes it is confirmed first, so a forged
+    ``max_rounds: 1`` shown for a moment does not end an asynchronous worker's rounds."""
+    writer, follower, rejected, clock = setup
+    writer.write_state(state(0, 1))
+    assert follower.read(0).max_rounds == 10
+    writer.write_state(state(0, 2, max_rounds=1))
+    assert follower.read(0).max_rounds == 10
+    writer.write_state(state(0, 3))  # gone before it was confirmed
+    clock.now += 5.0
+    assert follower.read(0).max_rounds == 10
+    writer.write_state(state(0, 4, max_rounds=20))  # an honest extension stays: played once confirmed
+    assert follower.read(0).max_rounds == 10
+    clock.now += 5.0
+    assert follower.read(0).max_rounds == 20
