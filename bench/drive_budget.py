@@ -37,7 +37,8 @@ class WriteCounter:
     """Bytes the node ``node`` writes under ``folder`` (its files: a path part that is or starts with its name),
     seen by scanning every 0.5 s, checkpoints apart from the rest. A file (an inode: a rename is not a write) that
     grew since the last scan counts what it grew by (an appended log, a checkpoint being written); one rewritten
-    with no more bytes (a heartbeat) counts its whole size again. Deleted files (pruned checkpoints) count as seen.
+    with no more bytes (a heartbeat) counts its whole size again. Deleted files (pruned checkpoints) count as seen,
+    and their inodes are forgotten (the file system may give one to the next new file).
     ``timeline``: (seconds since start, checkpoint bytes, other bytes) after each scan that saw a write."""
 
     def __init__(self, folder: Path, node: str) -> None:
@@ -68,6 +69,7 @@ class WriteCounter:
     def _scan(self) -> None:
         checkpoints: dict[Path, int] = {}
         before = (self.checkpoint_bytes, self.other_bytes)
+        present: set[tuple[int, int]] = set()
         for path in list(self.folder.rglob("*")):
             if not self._mine(path.relative_to(self.folder)):
                 continue
@@ -78,6 +80,7 @@ class WriteCounter:
             if not path.is_file():
                 continue
             inode = (stat.st_dev, stat.st_ino)
+            present.add(inode)
             seen = self.versions.get(inode)
             if seen != (stat.st_size, stat.st_mtime_ns):
                 written = stat.st_size - seen[0] if seen and stat.st_size > seen[0] else stat.st_size
@@ -90,6 +93,8 @@ class WriteCounter:
                 self.checkpoint_folders.add(path.parent.name)
                 checkpoints[path.parent] = checkpoints.get(path.parent, 0) + stat.st_size
         self.largest_checkpoint = max([self.largest_checkpoint, *checkpoints.values()])
+        for gone in set(self.versions) - present:  # a deleted file's inode may be reused by a new file: counted anew
+            del self.versions[gone]
         if (self.checkpoint_bytes, self.other_bytes) != before:
             self.timeline.append((time.monotonic() - self.started, self.checkpoint_bytes, self.other_bytes))
 
