@@ -24,6 +24,7 @@ PARTS = {
     "memory": "bench.memory_check",
     "demo": "bench.demo",
     "drive_budget": "bench.drive_budget",
+    "rounds": "bench.rounds",
 }
 ALL = ("coordination", "generation", "training")
 
