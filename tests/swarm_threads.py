@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
-from swarm_gdrive.config import from_env
+from swarm_gdrive.config import Config, from_env
 from swarm_gdrive.protocol.coordinator import Coordinator
+from swarm_gdrive.protocol.exchange import Exchange
 from swarm_gdrive.protocol.identity import claim_identity
+from swarm_gdrive.protocol.layout import Layout
+from swarm_gdrive.protocol.records import ExperimentRecord
 from swarm_gdrive.protocol.worker import Worker
 from swarm_gdrive.protocol.workload import SyntheticWorkload
 from swarm_gdrive.storage import LocalStorage
@@ -39,6 +43,21 @@ class Node(threading.Thread):
         return SyntheticWorkload(
             self.config.num_train_samples, self.config.num_generations, self.config.synthetic_step_seconds, self.stop
         )
+
+
+def define_experiment(storage: LocalStorage, config: Config, coordinator: str) -> None:
+    """experiment.json as ``coordinator`` would write it for ``config`` (run 0123456789abcdef), for a test that drives
+    a workload without a coordinator."""
+    Exchange(storage, Layout(config.experiment_name), coordinator).write_experiment(
+        ExperimentRecord(
+            experiment=config.experiment_name,
+            run_id="0123456789abcdef",
+            fingerprint=config.fingerprint(),
+            config=config.fingerprint_fields(),
+            coordinator_id=coordinator,
+            created_at=time.time(),
+        )
+    )
 
 
 def fast_env(folder: Path, experiment: str, **extra: object) -> dict[str, str]:

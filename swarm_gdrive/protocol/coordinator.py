@@ -95,6 +95,14 @@ class Decision:
     restart_timer: bool = False
 
 
+def _not_running(state: StateRecord, live: frozenset[str], interval: float, min_workers: int, now: float) -> Decision:
+    """Either mode's decision on a ``finished`` state (nothing) or a ``waiting`` one (round 0 opens, ``running``,
+    once MIN_WORKERS are live)."""
+    if state.status == "waiting" and len(live) >= min_workers:
+        return Decision(_open(state, state.round, "running", live, interval, now, "start"), "start", True)
+    return Decision(None, "finished" if state.status == "finished" else "waiting for workers")
+
+
 def decide(
     state: StateRecord,
     live: frozenset[str],
@@ -110,12 +118,8 @@ def decide(
     wall time, only written into the record. A round with no live worker does not time out:
     its timer restarts, so rounds are not burnt while nobody is there.
     """
-    if state.status == "finished":
-        return Decision(None, "finished")
-    if state.status == "waiting":
-        if len(live) >= min_workers:
-            return Decision(_open(state, state.round, "running", live, interval, now, "start"), "start", True)
-        return Decision(None, "waiting for workers")
+    if state.status in ("finished", "waiting"):
+        return _not_running(state, live, interval, min_workers, now)
     all_submitted = bool(live) and live <= submitted
     if all_submitted or (elapsed >= interval and (live or submitted)):
         reason = "all_submitted" if all_submitted else "interval"
@@ -151,12 +155,8 @@ def decide_async(
     (as a synchronous round closes without it), so one that died for good cannot keep the experiment open.
     Otherwise only a change of the live workers is written.
     """
-    if state.status == "finished":
-        return Decision(None, "finished")
-    if state.status == "waiting":
-        if len(live) >= min_workers:
-            return Decision(_open(state, state.round, "running", live, interval, now, "start"), "start", True)
-        return Decision(None, "waiting for workers")
+    if state.status in ("finished", "waiting"):
+        return _not_running(state, live, interval, min_workers, now)
     playing = (joined & live) - done
     if done and not playing:
         last = max(state.round, state.max_rounds)
@@ -496,6 +496,17 @@ class Coordinator:
             self.exchange.close()
         return 0
 
+    def _pass_start(self, state: StateRecord, checked: float) -> tuple[StateRecord, float, float]:
+        """The start of a pass of either loop: stopped, write ``stopped`` and raise :class:`Stopped`; else read back
+        its own state when HEARTBEAT_INTERVAL has passed since ``checked``. Returns (state, checked, now)."""
+        if self.stop.is_set():
+            self._announce_stop(state)
+            raise Stopped()
+        now = self.clock()
+        if now - checked >= self.config.heartbeat_interval:
+            state, checked = self._keep_own_state(state), now
+        return state, checked, now
+
     def _serve(self, state: StateRecord, heartbeat: Heartbeat) -> None:
         brisk = self.config.poll_interval_min * BRISK_FRACTION
         pacer = Pacer(Backoff(self.config.poll_interval_min, self.config.poll_interval_max), brisk, self.clock)
@@ -503,12 +514,7 @@ class Coordinator:
         last_seen: tuple[frozenset[str], frozenset[str]] | None = None
         self.prepare_rounds(state)
         while state.status != "finished":
-            if self.stop.is_set():
-                self._announce_stop(state)
-                raise Stopped()
-            now = self.clock()
-            if now - checked >= self.config.heartbeat_interval:
-                state, checked = self._keep_own_state(state), now
+            state, checked, now = self._pass_start(state, checked)
             submitted = self.submissions(state)
             live = self._observe_peers(state, now)
             self.watch_late(now, self.config.coordinator_round_interval + self.config.sync_lag)
@@ -558,12 +564,7 @@ class Coordinator:
         seen: tuple[frozenset[str], int] | None = None
         said = -math.inf
         while state.status != "finished":
-            if self.stop.is_set():
-                self._announce_stop(state)
-                raise Stopped()
-            now = self.clock()
-            if now - checked >= self.config.heartbeat_interval:
-                state, checked = self._keep_own_state(state), now
+            state, checked, now = self._pass_start(state, checked)
             live = self._observe_peers(state, now)
             if state.status == "waiting" and len(live) < self.config.min_workers:
                 self.report_waiting(live, now)

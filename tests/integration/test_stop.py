@@ -29,7 +29,7 @@ from swarm_gdrive.storage import LocalStorage
 from swarm_gdrive.training.checkpoint import load_latest, param_digest, parse_manifest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from swarm_threads import fast_env  # noqa: E402
+from swarm_threads import define_experiment, fast_env  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LAYOUT = Layout("stop")
@@ -190,8 +190,6 @@ def test_a_checkpoint_younger_than_the_minimum_is_not_written_again(tmp_path, mo
     from dataclasses import replace
 
     from swarm_gdrive.config import from_env
-    from swarm_gdrive.protocol.exchange import Exchange
-    from swarm_gdrive.protocol.records import ExperimentRecord
     from swarm_gdrive.protocol.sapo import ScoredGroup
     from swarm_gdrive.protocol.workload import StageContext
     from swarm_gdrive.training.grpo_workload import GRPOWorkload
@@ -203,16 +201,7 @@ def test_a_checkpoint_younger_than_the_minimum_is_not_written_again(tmp_path, mo
     )
     config = from_env(env)
     storage = LocalStorage(folder)
-    Exchange(storage, LAYOUT, "coordinator").write_experiment(
-        ExperimentRecord(
-            experiment="stop",
-            run_id="0123456789abcdef",
-            fingerprint=config.fingerprint(),
-            config=config.fingerprint_fields(),
-            coordinator_id="coordinator",
-            created_at=time.time(),
-        )
-    )
+    define_experiment(storage, config, "coordinator")
     torch.set_num_threads(1)
     workload = GRPOWorkload(config, storage, "w1", threading.Event())
     for round_ in range(3):

@@ -27,7 +27,7 @@ from swarm_gdrive.storage import LocalStorage
 from swarm_gdrive.storage.base import StorageUnavailableError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from swarm_threads import Node, fast_env  # noqa: E402
+from swarm_threads import Node, define_experiment, fast_env  # noqa: E402
 
 pytestmark = pytest.mark.integration
 LAYOUT = Layout("keep")
@@ -242,8 +242,6 @@ def tiny_workload(tmp_path: Path, tiny_folder: Path, **settings: str):
     """The real GRPO workload on the tiny model in a local folder whose experiment.json is written, CPU, no
     checkpoint due by rounds or the clock: (config, folder, workload)."""
     from swarm_gdrive.config import from_env
-    from swarm_gdrive.protocol.exchange import Exchange
-    from swarm_gdrive.protocol.records import ExperimentRecord
     from swarm_gdrive.training.grpo_workload import GRPOWorkload
 
     folder = tmp_path / "drive"
@@ -268,16 +266,7 @@ def tiny_workload(tmp_path: Path, tiny_folder: Path, **settings: str):
         }
     )
     storage = LocalStorage(folder)
-    Exchange(storage, LAYOUT, "coord").write_experiment(
-        ExperimentRecord(
-            experiment="keep",
-            run_id="0123456789abcdef",
-            fingerprint=config.fingerprint(),
-            config=config.fingerprint_fields(),
-            coordinator_id="coord",
-            created_at=time.time(),
-        )
-    )
+    define_experiment(storage, config, "coord")
     return config, folder, GRPOWorkload(config, storage, "w1", threading.Event())
 
 
