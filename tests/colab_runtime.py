@@ -279,9 +279,13 @@ class ColabRuntime:
                 reached += 1
         return reached
 
-    def execute(self, notebook: str, out_dir: Path | None = None, **parameters: object) -> dict:
+    def execute(
+        self, notebook: str, out_dir: Path | None = None, cell_timeout: float = 240, **parameters: object
+    ) -> dict:
         """Run ``notebooks/{notebook}`` in this runtime with ``parameters`` (DRIVE_MOUNT set to its mount);
-        returns the executed notebook. A failing cell raises papermill's error, with the traceback."""
+        returns the executed notebook. A failing cell raises papermill's error, with the traceback. A cell that
+        runs longer than ``cell_timeout`` seconds fails: a node's run cell needs the time its rounds take on a
+        loaded CI machine, not the 240 s that bounds every other cell."""
         import papermill
 
         out_dir = out_dir or self.root / "work"
@@ -295,7 +299,7 @@ class ColabRuntime:
             kernel_manager_class=self._manager,
             cwd=str(out_dir),
             progress_bar=False,
-            execution_timeout=240,
+            execution_timeout=cell_timeout,
         )
         return json.loads(out.read_text())
 

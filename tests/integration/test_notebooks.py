@@ -467,6 +467,7 @@ def test_the_stop_button_keeps_the_round_and_a_new_runtime_with_the_node_id_resu
         thread, box = in_background(
             runtime.execute,
             "worker.ipynb",
+            cell_timeout=900,  # the run cell lasts until the stop button, which waits up to 900 s for round 1
             SWARM_LOCAL_DIR=str(runtime.root / "local"),  # on the runtime's own disk: lost with it
             **storage_params(runtime, "swarm-gdrive", "mount"),
             **notebook_params,
@@ -494,6 +495,7 @@ def test_the_stop_button_keeps_the_round_and_a_new_runtime_with_the_node_id_resu
     try:
         second = runtime.execute(
             "worker.ipynb",
+            cell_timeout=900,  # the two rounds left, on a loaded CI machine
             SWARM_LOCAL_DIR=str(runtime.root / "local"),
             **storage_params(runtime, "swarm-gdrive", "mount"),
             **notebook_params,
