@@ -2,7 +2,9 @@
 
 Parts: coordination, generation, training, learning, study (SAPO, replicated swarms), defaults
 (training-setting sweep), precision (PRECISION against fp32), memory (the memory estimate against measured
-peaks, and a round's time), demo (the demo's profile, phase by phase); ``all`` runs coordination, generation and
+peaks, and a round's time), demo (the demo's profile, phase by phase), drive_budget (a worker's Drive writes in
+an hour), rounds (ROUND_MODE sync against async: idle, fill, staleness, requests), modes (learning in the two
+round modes, paired by seed); ``all`` runs coordination, generation and
 training with their defaults. Each part writes ``bench/results/<part>_<machine>.json`` and ``.md``.
 ``python -m bench <part> --help`` lists a part's options.
 """
@@ -25,6 +27,7 @@ PARTS = {
     "demo": "bench.demo",
     "drive_budget": "bench.drive_budget",
     "rounds": "bench.rounds",
+    "modes": "bench.modes",
 }
 ALL = ("coordination", "generation", "training")
 

@@ -176,6 +176,8 @@ def swarm_env(args: argparse.Namespace, folder: Path, swarm: dict) -> dict[str, 
     env = learning.node_env(run, folder, swarm["experiment"], swarm["J"], str(folder / "nodes"))
     env["NUM_GENERATIONS"] = str(args.generations)
     env["DEVICE"] = args.device
+    if "mode" in swarm:  # bench/modes.py: the swarm's ROUND_MODE (its coordinator's; the workers follow it)
+        env["ROUND_MODE"] = swarm["mode"]
     if args.device != "cpu":
         env["OMP_NUM_THREADS"] = "1"
     else:  # every node of every swarm shares the cores
