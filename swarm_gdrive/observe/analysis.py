@@ -6,6 +6,12 @@ the sum of its per-round mean rewards over the rounds every compared experiment 
 Differences against the baseline measured in the same study come with a 95% bootstrap
 confidence interval, a permutation-test p-value and Hedges' g. Nothing is hard-coded: with few
 nodes the intervals are wide, and the table says so by their width.
+
+In an asynchronous experiment (ROUND_MODE=async, GDRIVE_IMPLEMENTATION.md §5.10) each worker plays its own
+rounds: at one moment a fast worker may have played ten and a slow one four. Round R is then each worker's own
+R-th round, and an experiment has "completed" R rounds when every worker has played all the stages of its rounds
+0..R-1 (the slowest worker's count): so every node's cumulative reward sums the same number of its own rounds,
+reached at different moments.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ class Comparison:
     #: eval_first and eval_first_round are None and no change is reported.
     eval_first_round: int | None = None
     eval_last_round: int | None = None
+    #: The experiment's ROUND_MODE: ``async``, ``rounds`` are each worker's own first rounds (the module's text).
+    mode: str = "sync"
 
     @property
     def eval_change(self) -> float | None:
@@ -57,6 +65,12 @@ def _rewards(storage: Storage, experiment: str) -> list[dict]:
     return reward_rows(Exchange(storage, Layout(experiment), "analysis"))
 
 
+def round_mode(storage: Storage, experiment: str) -> str:
+    """The experiment's ROUND_MODE from its experiment.json (``sync`` without one)."""
+    record = Exchange(storage, Layout(experiment), "analysis").read_experiment()
+    return record.mode if record is not None else "sync"
+
+
 def _cumulative(rows: list[dict], rounds: int | None) -> dict[str, float]:
     per_node: dict[str, dict[int, list[float]]] = {}
     for row in rows:
@@ -67,8 +81,22 @@ def _cumulative(rows: list[dict], rounds: int | None) -> dict[str, float]:
     }
 
 
-def _completed(rows: list[dict]) -> int:
-    return len({row["round"] for row in rows})
+def _completed(rows: list[dict], mode: str = "sync") -> int:
+    """Synchronous: the rounds any worker submitted a reward for. Asynchronous: the fewest rounds 0..R-1 whose every
+    stage a worker has rewarded, over the workers (each its own rounds; a round it is still playing not counted)."""
+    if mode != "async":
+        return len({row["round"] for row in rows})
+    stages = max((row["stage"] for row in rows), default=0) + 1
+    seen: dict[str, dict[int, set[int]]] = {}
+    for row in rows:
+        seen.setdefault(row["node"], {}).setdefault(row["round"], set()).add(row["stage"])
+    counts = []
+    for by_round in seen.values():
+        played = 0
+        while len(by_round.get(played, ())) == stages:
+            played += 1
+        counts.append(played)
+    return min(counts, default=0)
 
 
 def cumulative_rewards(storage: Storage, experiment: str, rounds: int | None = None) -> dict[str, float]:
@@ -77,8 +105,9 @@ def cumulative_rewards(storage: Storage, experiment: str, rounds: int | None = N
 
 
 def completed_rounds(storage: Storage, experiment: str) -> int:
-    """Rounds for which at least one worker submitted a reward."""
-    return _completed(_rewards(storage, experiment))
+    """Rounds for which at least one worker submitted a reward; asynchronous, the rounds every worker has played
+    (see :func:`_completed`)."""
+    return _completed(_rewards(storage, experiment), round_mode(storage, experiment))
 
 
 def _eval_rows(storage: Storage, experiment: str) -> list[dict]:
@@ -170,10 +199,12 @@ def hedges_g(a: list[float], b: list[float]) -> float:
 def compare(
     storage: Storage, experiments: list[str], baseline: str, rounds: int | None = None, seed: int = 0
 ) -> list[Comparison]:
-    """Every experiment (baseline included) against the baseline, over the rounds all of them completed."""
+    """Every experiment (baseline included) against the baseline, over the rounds all of them completed (each
+    worker's own first rounds in an asynchronous experiment: the module's text)."""
     names = [baseline] + [e for e in experiments if e != baseline]
     rows = {name: _rewards(storage, name) for name in names}  # every reward file read once
-    common = min(_completed(r) for r in rows.values())
+    modes = {name: round_mode(storage, name) for name in names}
+    common = min(_completed(rows[name], modes[name]) for name in names)
     rounds = common if rounds is None else min(rounds, common)
     base = list(_cumulative(rows[baseline], rounds).values())
     out = []
@@ -201,6 +232,7 @@ def compare(
                 eval_last_se=last_se,
                 eval_first_round=first_round,
                 eval_last_round=last_round,
+                mode=modes[name],
             )
         )
     return out
@@ -226,6 +258,9 @@ def format_table(rows: list[Comparison]) -> str:
         text = num(x) if se is None or x is None else f"{num(x)} ± {num(se)}"
         return text if round_ is None else f"{text} (round {round_})"
 
+    def rounds(r: Comparison) -> str:
+        return f"{r.rounds} (own, async)" if r.mode == "async" else str(r.rounds)
+
     lines = [
         "| configuration | workers | rounds | cumulative reward (95% CI) | vs baseline (95% CI) | p | Hedges g |"
         " held-out pass@1 first -> last (± SE; round R: after R rounds of training) |",
@@ -233,10 +268,17 @@ def format_table(rows: list[Comparison]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r.experiment} | {r.nodes} | {r.rounds} | {num(r.cumulative_mean)} "
+            f"| {r.experiment} | {r.nodes} | {rounds(r)} | {num(r.cumulative_mean)} "
             f"({num(r.cumulative_ci[0])}, {num(r.cumulative_ci[1])}) | {num(r.difference, '{:+.3f}')} "
             f"({num(r.difference_ci[0], '{:+.3f}')}, {num(r.difference_ci[1], '{:+.3f}')}) | {num(r.p_value)} | "
             f"{num(r.hedges_g, '{:+.2f}')} | {pm(r.eval_first, r.eval_first_se, r.eval_first_round)} -> "
             f"{pm(r.eval_last, r.eval_last_se, r.eval_last_round)} |"
         )
+    if any(r.mode == "async" for r in rows):
+        lines += [
+            "",
+            "Asynchronous rounds (ROUND_MODE=async): each worker's cumulative reward sums its own rounds "
+            f"0..{rows[0].rounds - 1}, the rounds the slowest worker of every compared experiment has played; the workers reached them at "
+            "different moments.",
+        ]
     return "\n".join(lines)

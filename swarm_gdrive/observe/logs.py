@@ -28,6 +28,12 @@ MAX_LOG_BYTES = 64 * 1024 * 1024
 LOG_FILES = ("metrics.jsonl", "training_events.jsonl")
 EVENT_COLUMNS = ["node", "ts", "round", "event", "level", "message"]
 METRIC_COLUMNS = ["node", "ts", "round"]
+#: One row per external group an asynchronous worker took (its ``externals_taken`` events, GDRIVE_IMPLEMENTATION.md
+#: §5.10): the taker, its own round and the event's time, then the group's source, source round, age on the taker's
+#: clock and staleness in the taker's own rounds.
+EXTERNAL_COLUMNS = ["node", "ts", "round", "source", "source_round", "age_s", "staleness_rounds"]
+#: The ``externals_taken`` data lists those rows are read from, and the type each entry must have.
+_EXTERNAL_FIELDS = {"sources": str, "source_rounds": int, "age_s": (int, float), "staleness_rounds": int}
 #: Distinct metric keys one node's log may bring into the table (a worker logs under a hundred).
 MAX_METRIC_KEYS_PER_NODE = 256
 #: Distinct metric keys in the table, those logged by the most nodes kept first.
@@ -114,11 +120,46 @@ class MetricTable:
         return pd.DataFrame(data), len(self.columns)
 
 
-def load_logs(exchange: Exchange, problems: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, set[str]]]:
-    """(events, metrics, node -> log files present) from every ``logs/{node}/`` folder; what cannot be read is
-    appended to ``problems``."""
+@dataclass
+class Logs:
+    """What :func:`load_logs` read: the event and metric tables, the external groups taken (asynchronous mode) and
+    each node's log files."""
+
+    events: pd.DataFrame
+    metrics: pd.DataFrame
+    externals: pd.DataFrame
+    present: dict[str, set[str]]
+
+
+def external_rows(node: str, rec: EventRecord) -> list[dict] | None:
+    """The rows of :data:`EXTERNAL_COLUMNS` of one ``externals_taken`` event; None when its data is not the parallel
+    lists the worker writes (a list missing, of another length, or an entry of the wrong type)."""
+    lists = [rec.data.get(name) for name in _EXTERNAL_FIELDS]
+    if not all(isinstance(v, list) for v in lists) or len({len(v) for v in lists}) != 1:
+        return None
+    for values, kind in zip(lists, _EXTERNAL_FIELDS.values(), strict=True):
+        if not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
+            return None
+    return [
+        {
+            "node": node,
+            "ts": rec.ts,
+            "round": rec.round,
+            "source": printable(source),
+            "source_round": source_round,
+            "age_s": float(age),
+            "staleness_rounds": stale,
+        }
+        for source, source_round, age, stale in zip(*lists, strict=True)
+    ]
+
+
+def load_logs(exchange: Exchange, problems: list[str]) -> Logs:
+    """The event and metric tables, the external groups taken and each node's log files, from every
+    ``logs/{node}/`` folder; what cannot be read is appended to ``problems``."""
     layout = exchange.layout
     events: dict[str, list] = {c: [] for c in EVENT_COLUMNS}
+    externals: list[dict] = []
     table = MetricTable()
     present_by_node: dict[str, set[str]] = {}
     logs = f"{layout.root}/logs"
@@ -139,20 +180,28 @@ def load_logs(exchange: Exchange, problems: list[str]) -> tuple[pd.DataFrame, pd
                 strict=True,
             ):
                 events[column].append(value)
+            if rec.event == "externals_taken":
+                rows = external_rows(node, rec)
+                if rows is None:
+                    problems.append(
+                        f"{layout.events_file(node)}: an externals_taken event at {rec.ts} without its lists"
+                    )
+                externals += rows or []
         path = layout.metrics_file(node)
         records = _records(exchange, path, MetricRecord, present, problems)
         table.add(node, records, lambda n, path=path: problems.append(_over_node_cap(path, n)))
     events_df = pd.DataFrame(events, columns=EVENT_COLUMNS)
     events_df = events_df.sort_values("ts", kind="stable").reset_index(drop=True) if len(events_df) else events_df
+    externals_df = pd.DataFrame(externals, columns=EXTERNAL_COLUMNS)
     if not len(table.ts):
-        return events_df, pd.DataFrame(columns=METRIC_COLUMNS), present_by_node
+        return Logs(events_df, pd.DataFrame(columns=METRIC_COLUMNS), externals_df, present_by_node)
     metrics, over = table.frame()
     if over:
         problems.append(
             f"{logs}: {over} metric key(s) left out of the table, which holds at most {MAX_METRIC_KEYS} "
             "(those logged by the most nodes)"
         )
-    return events_df, metrics, present_by_node
+    return Logs(events_df, metrics, externals_df, present_by_node)
 
 
 def _over_node_cap(path: str, count: int) -> str:

@@ -20,13 +20,27 @@ from typing import Literal
 import pandas as pd
 
 from swarm_gdrive.observe import usage as folder_usage
-from swarm_gdrive.observe.logs import EVENT_COLUMNS, LOG_FILES, MAX_LOG_BYTES, METRIC_COLUMNS, load_logs, printable
+from swarm_gdrive.observe.logs import (
+    EVENT_COLUMNS,
+    EXTERNAL_COLUMNS,
+    LOG_FILES,
+    MAX_LOG_BYTES,
+    METRIC_COLUMNS,
+    load_logs,
+    printable,
+)
 from swarm_gdrive.protocol.exchange import NOT_A_FOLDER, Exchange, RunChangedError
 from swarm_gdrive.protocol.layout import Layout, parse_round_dir, parse_stage_dir
 from swarm_gdrive.storage import Storage
 from swarm_gdrive.storage.base import StorageUnavailableError
 
-__all__ = ["EVENT_COLUMNS", "LOG_FILES", "MAX_LOG_BYTES", "METRIC_COLUMNS"]  # re-exported: their home is logs
+__all__ = [
+    "EVENT_COLUMNS",
+    "EXTERNAL_COLUMNS",
+    "LOG_FILES",
+    "MAX_LOG_BYTES",
+    "METRIC_COLUMNS",
+]  # re-exported: their home is logs
 
 #: Seconds without a heartbeat after which the monitor calls a node not alive (LIVENESS_TIMEOUT's default).
 LIVENESS = 120.0
@@ -55,6 +69,7 @@ STATE_COLUMNS = [
     "advance_reason",
     "coordinator_id",
     "updated_at",
+    "mode",
 ]
 PEER_COLUMNS = ["node", "role", "status", "heartbeat", "heartbeat_at", "round", "registered_at", "alive"]
 REWARD_COLUMNS = ["node", "round", "stage", "reward", "local_groups", "external_groups", "external_requested"]
@@ -104,10 +119,19 @@ class Snapshot:
     problems: list[str] = field(default_factory=list)
     #: The folder's size, its last hour's writes and the storage's room (observe/usage.py); None: not measured.
     usage: folder_usage.FolderUsage | None = None
+    #: The external groups asynchronous workers took (their ``externals_taken`` events): EXTERNAL_COLUMNS.
+    externals: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=EXTERNAL_COLUMNS))
 
     @property
     def state_record(self) -> dict | None:
         return None if self.state.empty else self.state.iloc[0].to_dict()
+
+    @property
+    def is_async(self) -> bool:
+        """The experiment plays asynchronous rounds (the state's ``mode``, GDRIVE_IMPLEMENTATION.md §5.10): the
+        state's round is no clock, each worker's progress is its own."""
+        state = self.state_record
+        return state is not None and state.get("mode") == "async"
 
     def workers(self) -> list[str]:
         if self.peers.empty:
@@ -169,7 +193,7 @@ def load(storage: Storage, experiment: str, now: float | None = None, liveness_t
     rewards = _sorted(pd.DataFrame(reward_rows(exchange), columns=REWARD_COLUMNS), ["node", "round", "stage"])
     rollouts = _sorted(pd.DataFrame(_rollout_rows(exchange), columns=ROLLOUT_COLUMNS), ROLLOUT_COLUMNS)
     evals = pd.DataFrame(eval_rows(exchange), columns=EVAL_COLUMNS)
-    events, metrics, log_files = load_logs(exchange, problems)
+    logs = load_logs(exchange, problems)
     return Snapshot(
         experiment=experiment,
         now=now,
@@ -178,12 +202,13 @@ def load(storage: Storage, experiment: str, now: float | None = None, liveness_t
         rewards=rewards,
         rollouts_per_round=rollouts,
         evals=evals,
-        events=events,
-        metrics=metrics,
+        events=logs.events,
+        metrics=logs.metrics,
         config=dict(experiment_record.config) if experiment_record else {},
-        log_files={node: present & set(LOG_FILES) for node, present in log_files.items()},
+        log_files={node: present & set(LOG_FILES) for node, present in logs.present.items()},
         problems=problems,
         usage=folder_usage.recent(storage, experiment, now),
+        externals=logs.externals,
     )
 
 
@@ -304,25 +329,93 @@ def findings(snapshot: Snapshot, liveness_timeout: float = LIVENESS) -> list[Fin
 
 def _state_summary(snapshot: Snapshot) -> str:
     """One line: the state, and the live workers as the coordinator last wrote them, or, once the coordinator is
-    gone (stopped, or its peer file says so), the workers whose own heartbeats are fresh."""
+    gone (stopped, or its peer file says so), the workers whose own heartbeats are fresh. Asynchronous, the
+    state's round is no clock: the line says the mode and each worker's own round instead."""
     state = snapshot.state_record
     workers = snapshot.workers()
     if state is None:
         return f"experiment {snapshot.experiment}: no state yet; {len(workers)} worker(s) registered"
-    where = f"round {state['round']} of {state['max_rounds']} ({state['num_stages']} stage(s))"
+    if snapshot.is_async:
+        where = (
+            f"asynchronous rounds (ROUND_MODE=async: each worker plays its own {state['max_rounds']} round(s), "
+            f"{state['num_stages']} stage(s) each)"
+        )
+    else:
+        where = f"round {state['round']} of {state['max_rounds']} ({state['num_stages']} stage(s))"
     gone = _coordinator_gone(snapshot)
     if gone is None:
         live = ", ".join(state["live_workers"]) or "none"
-        return (
+        line = (
             f"experiment {snapshot.experiment}: {state['status']}, {where}, {len(workers)} worker(s) registered, "
             f"live workers: {live}"
         )
-    beating = snapshot.peers[(snapshot.peers["role"] == "worker") & snapshot.peers["alive"]]
-    live = ", ".join(sorted(beating["node"])) or "none"
-    return (
-        f"experiment {snapshot.experiment}: {state['status']}, {where}, coordinator {state['coordinator_id']} "
-        f"{gone}; {len(workers)} worker(s) registered, workers still beating: {live}"
-    )
+    else:
+        beating = snapshot.peers[(snapshot.peers["role"] == "worker") & snapshot.peers["alive"]]
+        live = ", ".join(sorted(beating["node"])) or "none"
+        line = (
+            f"experiment {snapshot.experiment}: {state['status']}, {where}, coordinator {state['coordinator_id']} "
+            f"{gone}; {len(workers)} worker(s) registered, workers still beating: {live}"
+        )
+    return line + (f"; {_progress_line(snapshot)}" if snapshot.is_async else "")
+
+
+#: Workers whose own progress the asynchronous state line names (the rest are counted; the table shows all).
+WORKERS_SHOWN = 12
+PROGRESS_COLUMNS = ["node", "round", "rounds_played", "done"]
+
+
+def worker_progress(snapshot: Snapshot) -> pd.DataFrame:
+    """Each worker's own progress, what an asynchronous experiment has instead of a round clock: ``round``, its
+    peer record's round (the round it plays, or played last; NaN before its first); ``rounds_played``, its rounds
+    with a reward for every stage; ``done``, its reward for the last stage of round MAX_ROUNDS - 1 is in (what ends
+    a worker's part for the coordinator, GDRIVE_IMPLEMENTATION.md §5.10). One row per registered worker or node
+    with rewards, sorted by node."""
+    state = snapshot.state_record
+    stages = int(state["num_stages"]) if state is not None else 1
+    last = int(state["max_rounds"]) - 1 if state is not None else None
+    rewards = snapshot.rewards
+    peers = snapshot.peers[snapshot.peers["role"] == "worker"] if not snapshot.peers.empty else snapshot.peers
+    own_round = dict(zip(peers["node"], peers["round"], strict=True))
+    nodes = sorted(set(own_round) | (set(rewards["node"]) if not rewards.empty else set()))
+    rows = []
+    for node in nodes:
+        own = rewards[rewards["node"] == node] if not rewards.empty else rewards
+        stages_of = own.groupby("round")["stage"].nunique() if not own.empty else pd.Series(dtype=int)
+        played = int((stages_of >= stages).sum())
+        done = (
+            last is not None and not own.empty and bool(((own["round"] == last) & (own["stage"] == stages - 1)).any())
+        )
+        peer_round = own_round.get(node)
+        rows.append(
+            {
+                "node": node,
+                "round": float("nan") if peer_round is None or pd.isna(peer_round) else int(peer_round),
+                "rounds_played": played,
+                "done": done,
+            }
+        )
+    return pd.DataFrame(rows, columns=PROGRESS_COLUMNS)
+
+
+def progress_text(row, max_rounds: int) -> str:
+    """One worker's own progress in words: ``done, 4 of 4 rounds played``, ``round 2 of 4, 2 played`` (its round
+    counts from 0, as the state's round does) or ``not started``."""
+    if row.done:
+        return f"done, {row.rounds_played} of {max_rounds} rounds played"
+    if pd.isna(row.round):
+        return "not started"
+    return f"round {int(row.round)} of {max_rounds}, {row.rounds_played} played"
+
+
+def _progress_line(snapshot: Snapshot) -> str:
+    state = snapshot.state_record
+    assert state is not None
+    progress = worker_progress(snapshot)
+    if progress.empty:
+        return "no worker has started its rounds"
+    parts = [f"{row.node} ({progress_text(row, int(state['max_rounds']))})" for row in progress.itertuples()]
+    more = f", ... ({len(parts) - WORKERS_SHOWN} more)" if len(parts) > WORKERS_SHOWN else ""
+    return f"{int(progress['done'].sum())} of {len(parts)} worker(s) done: " + ", ".join(parts[:WORKERS_SHOWN]) + more
 
 
 def _coordinator_gone(snapshot: Snapshot) -> str | None:
@@ -347,11 +440,12 @@ def _coordinator_findings(snapshot: Snapshot) -> list[Finding]:
         return []
     state = snapshot.state_record
     assert state is not None
+    at = "with asynchronous rounds" if snapshot.is_async else f"at round {state['round']}"
     return [
         Finding(
             "warning",
             "coordinator_stopped",
-            f"coordinator {state['coordinator_id']} {gone}, at round {state['round']}: no round advances, and the "
+            f"coordinator {state['coordinator_id']} {gone}, {at}: no round advances, and the "
             "workers that followed it checkpoint and exit; start the coordinator again (same GDRIVE_PATH and "
             "EXPERIMENT_NAME) to resume this round, then the workers (they resume from their checkpoints)",
         )
@@ -387,9 +481,10 @@ def _heartbeat_findings(snapshot: Snapshot, liveness_timeout: float) -> list[Fin
 
 
 def _advance_findings(snapshot: Snapshot, liveness_timeout: float) -> list[Finding]:
-    """A running round whose deadline passed long ago: the coordinator stopped advancing."""
+    """A running round whose deadline passed long ago: the coordinator stopped advancing. Asynchronous, no round
+    has a deadline (the coordinator's own heartbeat says whether it is there: ``coordinator_stale``)."""
     state = snapshot.state_record
-    if state is None or state["status"] != "running":
+    if state is None or state["status"] != "running" or snapshot.is_async:
         return []
     late = snapshot.now - float(state["round_deadline"])
     if late <= liveness_timeout:
@@ -487,10 +582,13 @@ def _missing_reward_findings(snapshot: Snapshot) -> list[Finding]:
     state = snapshot.state_record
     stages = int(state["num_stages"]) if state is not None else 1
     current = min(_closed_rounds(snapshot), int(rewards["round"].max()) + 1)
+    done = set(worker_progress(snapshot).query("done")["node"]) if snapshot.is_async else set()
     rewarded = {int(r) for r in rewards["round"]}
     out: list[Finding] = []
     for node, rows in rewards.groupby("node"):
         have = set(zip(rows["round"], rows["stage"], strict=True))
+        if snapshot.is_async:  # its own clock: every round before the one it plays, all of them once it is done
+            current = int(rows["round"].max()) + (node in done)
         first = int(rows["round"].min())  # a late joiner is not expected before its first round
         # Every round since the first; with a far-off (forged) round in the folder, the rounds anyone was rewarded in.
         rounds = range(first, current) if (current - first) * stages <= MAX_CELLS_CHECKED else sorted(rewarded)
@@ -624,28 +722,35 @@ def validate(snapshot: Snapshot, rounds: int, nodes: int, transplants: int) -> l
 
 
 def status_table(snapshot: Snapshot) -> str:
-    """The per-worker table of ``swarm-gdrive status``."""
+    """The per-worker table of ``swarm-gdrive status``. Asynchronous, its round is the worker's own (``2 of 4``)
+    and a ``done`` column says whether it has played them all."""
+    asynchronous = snapshot.is_async
     header = ["worker", "status", "alive", "heartbeat", "round", "rewarded rounds", "reward (last 5)"]
+    if asynchronous:
+        header[4:5] = ["own round", "done"]
+        state = snapshot.state_record
+        assert state is not None
+        done = dict(zip(*worker_progress(snapshot)[["node", "done"]].T.values, strict=True))
     lines = [header]
     rewards = snapshot.rewards
     for peer in snapshot.peers[snapshot.peers["role"] == "worker"].itertuples(index=False):
         own = rewards[rewards["node"] == peer.node] if not rewards.empty else rewards
         per_round = own.groupby("round")["reward"].mean().sort_index() if not own.empty else pd.Series(dtype=float)
         last5 = f"{per_round.tail(5).mean():.3f}" if len(per_round) else "-"
-        lines.append(
-            [
-                peer.node,
-                peer.status,
-                "yes" if peer.alive else "no",
-                f"{snapshot.now - peer.heartbeat_at:.0f} s ago",
-                "-" if pd.isna(peer.round) else str(int(peer.round)),
-                str(len(per_round)),
-                last5,
+        round_ = "-" if pd.isna(peer.round) else str(int(peer.round))
+        line = [peer.node, peer.status, "yes" if peer.alive else "no", f"{snapshot.now - peer.heartbeat_at:.0f} s ago"]
+        if asynchronous:
+            line += [
+                round_ if round_ == "-" else f"{round_} of {state['max_rounds']}",
+                "yes" if done[peer.node] else "no",
             ]
-        )
+        else:
+            line.append(round_)
+        lines.append([*line, str(len(per_round)), last5])
     text = _columns(lines)
     external = _external_table(snapshot)
-    return text + ("\n\n" + external if external else "")
+    staleness = _external_worker_table(snapshot) if asynchronous else ""
+    return text + "".join("\n\n" + part for part in (external, staleness) if part)
 
 
 def _columns(lines: list[list[str]]) -> str:
@@ -672,6 +777,70 @@ def _external_table(snapshot: Snapshot) -> str:
     title = (
         f"external groups received/asked (J) per round, last {len(rounds)} round(s); "
         f"short in {short} of {len(table)} worker-rounds"
+    )
+    if snapshot.is_async:
+        title += " (each worker's own rounds: the same round number is not the same moment)"
+    return title + "\n" + _columns(lines)
+
+
+EXTERNAL_WORKER_COLUMNS = [
+    "node",
+    "rounds",
+    "asked",
+    "got",
+    "fill",
+    "age_s_median",
+    "age_s_max",
+    "staleness_rounds_median",
+    "staleness_rounds_max",
+]
+
+
+def external_per_worker(snapshot: Snapshot) -> pd.DataFrame:
+    """Per worker, over its rounds that asked for external groups (J > 0): ``rounds``, ``asked``, ``got`` and the
+    fill rate ``fill`` = got / asked (reward records); and, from the asynchronous ``externals_taken`` events, the
+    median and largest age of the groups it trained on (seconds from the batch's ``created_at`` to the pickup, on
+    the taker's clock) and their staleness in its own rounds (NaN without such events: the synchronous gather
+    takes the round's own rollouts)."""
+    table = external_per_round(snapshot)
+    if table.empty:
+        return pd.DataFrame(columns=EXTERNAL_WORKER_COLUMNS)
+    out = table.groupby("node").agg(rounds=("round", "nunique"), asked=("asked", "sum"), got=("got", "sum"))
+    out["fill"] = out["got"] / out["asked"]
+    taken = snapshot.externals
+    if not taken.empty:
+        by_node = taken.groupby("node")
+        out["age_s_median"] = by_node["age_s"].median()
+        out["age_s_max"] = by_node["age_s"].max()
+        out["staleness_rounds_median"] = by_node["staleness_rounds"].median()
+        out["staleness_rounds_max"] = by_node["staleness_rounds"].max()
+    return out.reset_index().reindex(columns=EXTERNAL_WORKER_COLUMNS)
+
+
+def _external_worker_table(snapshot: Snapshot) -> str:
+    """:func:`external_per_worker` as text: fill rate and staleness of what each worker trained on."""
+    table = external_per_worker(snapshot)
+    if table.empty:
+        return ""
+
+    def num(value: float, fmt: str) -> str:
+        return "-" if pd.isna(value) else fmt.format(value)
+
+    lines = [["worker", "rounds", "received/asked", "fill", "age s (median, max)", "staleness rounds (median, max)"]]
+    for row in table.itertuples(index=False):
+        lines.append(
+            [
+                row.node,
+                str(int(row.rounds)),
+                f"{int(row.got)}/{int(row.asked)}",
+                f"{row.fill:.0%}",
+                f"{num(row.age_s_median, '{:.1f}')}, {num(row.age_s_max, '{:.1f}')}",
+                f"{num(row.staleness_rounds_median, '{:g}')}, {num(row.staleness_rounds_max, '{:g}')}",
+            ]
+        )
+    title = (
+        "external groups per worker: fill (received/asked) and staleness of those taken (age on the taker's clock, "
+        "staleness in its own rounds)"
     )
     return title + "\n" + _columns(lines)
 
