@@ -278,7 +278,7 @@ def format_table(rows: list[Comparison]) -> str:
         lines += [
             "",
             "Asynchronous rounds (ROUND_MODE=async): each worker's cumulative reward sums its own rounds "
-            f"0..{rows[0].rounds - 1}, the rounds the slowest worker of every compared experiment has played; the workers reached them at "
-            "different moments.",
+            f"0..{rows[0].rounds - 1}, the rounds the slowest worker of every compared experiment has played; "
+            "the workers reached them at different moments.",
         ]
     return "\n".join(lines)
