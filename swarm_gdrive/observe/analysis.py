@@ -81,9 +81,10 @@ def _cumulative(rows: list[dict], rounds: int | None) -> dict[str, float]:
     }
 
 
-def _completed(rows: list[dict], mode: str = "sync") -> int:
-    """Synchronous: the rounds any worker submitted a reward for. Asynchronous: the fewest rounds 0..R-1 whose every
-    stage a worker has rewarded, over the workers (each its own rounds; a round it is still playing not counted)."""
+def common_rounds(rows: list[dict], mode: str = "sync") -> int:
+    """The rounds an experiment's reward ``rows`` count as completed. Synchronous: the rounds any worker submitted a
+    reward for. Asynchronous: the fewest rounds 0..R-1 whose every stage a worker has rewarded, over the workers
+    (each its own rounds; a round it is still playing not counted)."""
     if mode != "async":
         return len({row["round"] for row in rows})
     stages = max((row["stage"] for row in rows), default=0) + 1
@@ -107,7 +108,7 @@ def cumulative_rewards(storage: Storage, experiment: str, rounds: int | None = N
 def completed_rounds(storage: Storage, experiment: str) -> int:
     """Rounds for which at least one worker submitted a reward; asynchronous, the rounds every worker has played
     (see :func:`_completed`)."""
-    return _completed(_rewards(storage, experiment), round_mode(storage, experiment))
+    return common_rounds(_rewards(storage, experiment), round_mode(storage, experiment))
 
 
 def _eval_rows(storage: Storage, experiment: str) -> list[dict]:
@@ -204,7 +205,7 @@ def compare(
     names = [baseline] + [e for e in experiments if e != baseline]
     rows = {name: _rewards(storage, name) for name in names}  # every reward file read once
     modes = {name: round_mode(storage, name) for name in names}
-    common = min(_completed(rows[name], modes[name]) for name in names)
+    common = min(common_rounds(rows[name], modes[name]) for name in names)
     rounds = common if rounds is None else min(rounds, common)
     base = list(_cumulative(rows[baseline], rounds).values())
     out = []

@@ -31,7 +31,7 @@ import ipywidgets as widgets
 from matplotlib.figure import Figure
 
 from swarm_gdrive.observe import plots
-from swarm_gdrive.observe.monitor import Finding, Snapshot, findings, load
+from swarm_gdrive.observe.monitor import Finding, Snapshot, findings, load, status_table
 from swarm_gdrive.storage import Storage, open_storage
 
 logger = logging.getLogger(__name__)
@@ -249,6 +249,9 @@ class Dashboard:
             self.output.outputs = (_display_data({"text/html": "<i>no experiment selected</i>", "text/plain": ""}),)
             return
         outputs = [_display_data({"text/html": findings_html(self.last_findings), "text/plain": "findings"})]
+        if self.snapshot.is_async:  # no round clock: each worker's own round, done or not, in the table
+            table = f"<pre>{html.escape(status_table(self.snapshot))}</pre>"
+            outputs.append(_display_data({"text/html": table, "text/plain": "workers"}))
         for title, fig in self.last_figures.items():
             png = base64.b64encode(plots.to_png(fig, dpi=80)).decode("ascii")
             outputs.append(_display_data({"image/png": png, "text/plain": f"<{title}>"}))

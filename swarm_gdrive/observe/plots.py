@@ -18,7 +18,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from swarm_gdrive.observe.monitor import Snapshot
+from swarm_gdrive.observe.analysis import common_rounds
+from swarm_gdrive.observe.monitor import Snapshot, external_per_worker
 
 NO_DATA = "no data yet"
 FIGSIZE = (8.0, 4.5)
@@ -81,6 +82,11 @@ def dodge(nodes: list[str], width: float = 0.3) -> dict[str, float]:
     return {node: (i / (n - 1) - 0.5) * width for i, node in enumerate(nodes)}
 
 
+def _round_axis(snapshot: Snapshot) -> str:
+    """The x label of a per-round figure: asynchronous, round R is each worker's own R-th round (not one moment)."""
+    return "round (each worker's own)" if snapshot.is_async else "round"
+
+
 def _per_round_reward(snapshot: Snapshot) -> pd.DataFrame:
     """Mean reward (over stages) per round x node."""
     return snapshot.rewards.groupby(["round", "node"])["reward"].mean().unstack("node").sort_index()
@@ -122,7 +128,12 @@ def reward_per_round(snapshot: Snapshot, window: int = ROLLING) -> Figure:
         ax.plot(series.index + shift[node], series.values, markers.get(node, "o"), color=color, alpha=0.5)
         rolling = series.rolling(window, min_periods=1).mean()
         ax.plot(rolling.index + shift[node], rolling.values, "-", color=color, linewidth=2, label=node)
-    _finish(ax, f"{title} (dots) and {window}-round rolling mean (lines)", "round", "mean reward of local completions")
+    _finish(
+        ax,
+        f"{title} (dots) and {window}-round rolling mean (lines)",
+        _round_axis(snapshot),
+        "mean reward of local completions",
+    )
     fig.tight_layout()
     return fig
 
@@ -139,7 +150,7 @@ def cumulative_reward(snapshot: Snapshot) -> Figure:
         ax.plot(
             series.index + shift[node], series.values, marker=markers.get(node, "o"), color=colors.get(node), label=node
         )
-    _finish(ax, title, "round", "cumulative reward")
+    _finish(ax, title, _round_axis(snapshot), "cumulative reward")
     fig.tight_layout()
     return fig
 
@@ -159,13 +170,118 @@ def swarm_reward_spread(snapshot: Snapshot) -> Figure:
     for node in per_round.columns:
         series = per_round[node].dropna()
         ax.scatter(series.index, series.values, s=14, color=colors.get(node), alpha=0.7, label=node, zorder=3)
-    _finish(ax, title, "round", "mean reward", legend_title=None)
+    _finish(ax, title, _round_axis(snapshot), "mean reward", legend_title=None)
+    fig.tight_layout()
+    return fig
+
+
+def _metric_times(snapshot: Snapshot, key: str) -> pd.DataFrame:
+    """:func:`_metric` with each line's time: ``node, round, minutes, key``, minutes since the experiment's first
+    metric line (the writers' clocks)."""
+    rows = _metric(snapshot, key)
+    if rows.empty:
+        return rows.assign(minutes=pd.Series(dtype=float))
+    metrics = snapshot.metrics
+    column = metrics[key]
+    if isinstance(column.dtype, pd.SparseDtype):
+        column = column.sparse.to_dense()
+    ts = metrics["ts"].to_numpy()[(column.notna() & metrics["round"].notna()).to_numpy()]
+    return rows.assign(minutes=(ts - float(metrics["ts"].min())) / 60.0)
+
+
+def reward_over_time(snapshot: Snapshot) -> Figure:
+    """Asynchronous rounds: each worker's reward (``reward/local_mean`` of its stage lines) over wall-clock time,
+    beside the same over its own rounds: a fast worker's rounds are not a slow one's, the clock is shared."""
+    title = "Training reward over time and over each worker's own rounds"
+    rows = _metric_times(snapshot, "reward/local_mean")
+    if rows.empty:
+        return _no_data(title, "(no reward/local_mean metrics)")
+    colors, markers = node_colors(snapshot), node_markers(snapshot)
+    fig = Figure(figsize=(12.0, 4.5))
+    left, right = fig.subplots(1, 2)
+    for node, own in rows.groupby("node"):
+        own = own.sort_values("minutes")
+        style = {"marker": markers.get(node, "o"), "markersize": 4, "color": colors.get(node), "label": node}
+        left.plot(own["minutes"], own["reward/local_mean"], "-", alpha=0.8, **style)
+        per_round = own.groupby("round")["reward/local_mean"].mean().sort_index()
+        right.plot(per_round.index, per_round.values, "-", alpha=0.8, **style)
+    _finish(left, "Reward over time", "minutes since the first metric line", "mean reward of local completions")
+    _finish(right, "Reward over its own rounds", "round (each worker's own)", "mean reward of local completions")
+    fig.tight_layout()
+    return fig
+
+
+def external_staleness(snapshot: Snapshot) -> Figure:
+    """Asynchronous rounds, per worker: the fill rate of its external groups (received / asked, reward records),
+    and the age (seconds, on the taker's clock) and staleness (the taker's own rounds) of each group it took
+    (its ``externals_taken`` events), each a dot over a box."""
+    title = "External groups: fill and staleness per worker"
+    fill, taken = external_per_worker(snapshot), snapshot.externals
+    if fill.empty and taken.empty:
+        return _no_data(title, "(no worker asked for external groups)")
+    colors = node_colors(snapshot)
+    fig = Figure(figsize=(15.0, 4.5))
+    axes = fig.subplots(1, 3)
+    nodes = sorted(set(fill["node"]) | set(taken["node"]))
+    x = {node: i for i, node in enumerate(nodes)}
+    ax = axes[0]
+    for row in fill.itertuples(index=False):
+        ax.bar(x[row.node], row.fill, color=colors.get(row.node), label=f"{row.node} {int(row.got)}/{int(row.asked)}")
+    ax.set_ylim(0, 1.05)
+    _finish(ax, "Fill rate: received / asked (J)", "worker", "fill rate", legend_title=None)
+    for ax, key, name in (
+        (axes[1], "age_s", "Age of the groups taken (s)"),
+        (axes[2], "staleness_rounds", "Staleness in the taker's own rounds"),
+    ):
+        if taken.empty:
+            ax.text(0.5, 0.5, "no group taken", ha="center", va="center", color="gray", transform=ax.transAxes)
+        for node, own in taken.groupby("node"):
+            values = own[key].astype(float).to_numpy()
+            ax.boxplot([values], positions=[x[node]], widths=0.5, showfliers=False)
+            ax.scatter([x[node]] * len(values), values, s=12, color=colors.get(node), alpha=0.6, zorder=3)
+        _finish(ax, name, "worker", key.replace("_", " "), legend_title=None)
+    for ax in axes:
+        ax.set_xticks(range(len(nodes)), nodes)
+    fig.tight_layout()
+    return fig
+
+
+def _async_progress(snapshot: Snapshot) -> Figure:
+    """Asynchronous rounds: each worker's own round over time (its end-of-round lines), and the coordinator's
+    ``swarm/live_workers`` over time."""
+    title = "Workers' own rounds over time"
+    ends, coord = _metric_times(snapshot, "round/seconds"), _metric_times(snapshot, "swarm/live_workers")
+    if ends.empty and coord.empty:
+        return _no_data(title)
+    colors, markers = node_colors(snapshot), node_markers(snapshot)
+    fig = Figure(figsize=(12.0, 4.5))
+    left, right = fig.subplots(1, 2)
+    for node, own in ends.groupby("node"):
+        own = own.sort_values("minutes")
+        left.step(own["minutes"], own["round"], where="post", marker=markers.get(node, "o"), color=colors.get(node),
+                  label=node)  # fmt: skip
+    state = snapshot.state_record
+    if state is not None:
+        left.axhline(int(state["max_rounds"]) - 1, color="gray", linestyle=":", label="last round (MAX_ROUNDS - 1)")
+    left.yaxis.set_major_locator(MaxNLocator(integer=True))
+    _finish(left, "Round each worker ended", "minutes since the first metric line", "own round", legend_title=None)
+    for node, rows in coord.groupby("node"):
+        rows = rows.sort_values("minutes")
+        right.step(rows["minutes"], rows["swarm/live_workers"], where="post", color="black",
+                   label=f"live workers ({node}'s view)")  # fmt: skip
+    right.yaxis.set_major_locator(MaxNLocator(integer=True))
+    if coord.empty:
+        right.text(0.5, 0.5, "not logged yet", ha="center", va="center", color="gray", transform=right.transAxes)
+    _finish(right, "Live workers", "minutes since the first metric line", "workers", legend_title=None)
     fig.tight_layout()
     return fig
 
 
 def live_workers(snapshot: Snapshot) -> Figure:
-    """Workers with a reward in each round, and the coordinator's ``swarm/live_workers`` when logged."""
+    """Workers with a reward in each round, and the coordinator's ``swarm/live_workers`` when logged.
+    Asynchronous, where rounds are no common clock: each worker's own round and the live workers over time."""
+    if snapshot.is_async:
+        return _async_progress(snapshot)
     title = "Live workers per round"
     coord = _metric(snapshot, "swarm/live_workers")
     if snapshot.rewards.empty and coord.empty:
@@ -183,7 +299,7 @@ def live_workers(snapshot: Snapshot) -> Figure:
     if state is not None and state.get("live_workers") is not None and state.get("status") in ("waiting", "running"):
         ax.axhline(len(state["live_workers"]), color="tab:red", linestyle=":", label="live now (state file)")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    _finish(ax, title, "round", "workers", legend_title=None)
+    _finish(ax, title, _round_axis(snapshot), "workers", legend_title=None)
     fig.tight_layout()
     return fig
 
@@ -206,7 +322,7 @@ def rollouts_exchanged(snapshot: Snapshot) -> Figure:
             bottom += published[node]
     else:
         left.text(0.5, 0.5, "no rollout files", ha="center", va="center", color="gray", transform=left.transAxes)
-    _finish(left, "Groups published per round", "round", "groups in rollout files")
+    _finish(left, "Groups published per round", _round_axis(snapshot), "groups in rollout files")
     if not rewards.empty:
         used = rewards.groupby(["round", "node"])["external_groups"].sum().unstack("node").sort_index()
         markers, shift = node_markers(snapshot), dodge(list(used.columns))
@@ -221,7 +337,7 @@ def rollouts_exchanged(snapshot: Snapshot) -> Figure:
         right.plot(total.index, total.values, "k--", label="total of shown nodes (swarm/external_used)")
     right.set_ylim(bottom=0)
     right.yaxis.set_major_locator(MaxNLocator(integer=True))
-    _finish(right, "External groups used per round", "round", "external groups trained on")
+    _finish(right, "External groups used per round", _round_axis(snapshot), "external groups trained on")
     fig.tight_layout()
     return fig
 
@@ -258,7 +374,7 @@ def completion_lengths(snapshot: Snapshot) -> Figure:
         series = rows.groupby("round")["completion/length_mean"].mean().sort_index()
         ax.plot(series.index + shift[node], series.values, "-", marker=markers.get(node, "o"), color=colors.get(node),
                 label=node)  # fmt: skip
-    _finish(ax, f"{title}: mean per round", "round", "tokens per completion")
+    _finish(ax, f"{title}: mean per round", _round_axis(snapshot), "tokens per completion")
     fig.tight_layout()
     return fig
 
@@ -321,7 +437,7 @@ def training(snapshot: Snapshot) -> Figure:
             series = own.groupby("round")[key].mean().sort_index()
             ax.plot(series.index + shift[node], series.values, "-", marker=markers.get(node, "o"), markersize=4,
                     color=colors.get(node), label=node, alpha=0.8)  # fmt: skip
-        _finish(ax, name, "round", name.split(" ")[0], legend_title=None)
+        _finish(ax, name, _round_axis(snapshot), name.split(" ")[0], legend_title=None)
     ax = axes[-1]
     for rows, key, style, what in (
         (local, "reward/local_mean", "-", "own"),
@@ -331,7 +447,7 @@ def training(snapshot: Snapshot) -> Figure:
             series = own.groupby("round")[key].mean().sort_index()
             ax.plot(series.index, series.values, style, marker=markers.get(node, "o"), markersize=4,
                     color=colors.get(node), label=f"{node} {what}")  # fmt: skip
-    _finish(ax, "reward: own (solid), external groups (dashed)", "round", "reward", legend_title=None)
+    _finish(ax, "reward: own (solid), external groups (dashed)", _round_axis(snapshot), "reward", legend_title=None)
     fig.suptitle(f"{title}: TRL's metrics per node per round")
     fig.tight_layout()
     return fig
@@ -363,7 +479,7 @@ def time_split(snapshot: Snapshot) -> Figure:
     for i, part in enumerate(means.columns):
         ax.bar(means.index, means[part], bottom=bottom, color=f"C{i}", label=part, width=0.8)
         bottom = bottom + means[part]
-    _finish(ax, f"{title} (mean over workers)", "round", "seconds", legend_title="part")
+    _finish(ax, f"{title} (mean over workers)", _round_axis(snapshot), "seconds", legend_title="part")
     fig.tight_layout()
     return fig
 
@@ -371,7 +487,8 @@ def time_split(snapshot: Snapshot) -> Figure:
 def experiments_overlay(snapshots: dict[str, Snapshot]) -> Figure:
     """Several experiments on one figure (``swarm-gdrive compare --plot``): the swarm's mean reward per round,
     its cumulative sum, and held-out pass@1 (mean over workers and tasks) where evaluated; one color and
-    marker per experiment."""
+    marker per experiment. An asynchronous experiment's curves stop at the rounds every worker has played (each its
+    own, as ``compare`` counts them): beyond, the mean would be the fast workers' alone."""
     title = "Experiments compared"
     if all(s.rewards.empty for s in snapshots.values()):
         return _no_data(title, "(no rewards in any of them)")
@@ -381,7 +498,10 @@ def experiments_overlay(snapshots: dict[str, Snapshot]) -> Figure:
     for i, (name, snapshot) in enumerate(snapshots.items()):
         style = {"color": f"C{i % 10}", "marker": MARKERS[i % len(MARKERS)], "markersize": 4, "label": name}
         if not snapshot.rewards.empty:
-            mean = snapshot.rewards.groupby(["round", "node"])["reward"].mean().groupby(level="round").mean()
+            rewards = snapshot.rewards
+            if snapshot.is_async:
+                rewards = rewards[rewards["round"] < common_rounds(rewards.to_dict("records"), "async")]
+            mean = rewards.groupby(["round", "node"])["reward"].mean().groupby(level="round").mean()
             reward_ax.plot(mean.index + shift[name], mean.values, "-", **style)
             cumulative_ax.plot(mean.index + shift[name], mean.cumsum().values, "-", **style)
         if not snapshot.evals.empty:
@@ -411,11 +531,25 @@ FIGURES: dict[str, Callable[[Snapshot], Figure]] = {
 }
 
 
+#: The figures only an asynchronous experiment gets (GDRIVE_IMPLEMENTATION.md §5.10).
+ASYNC_FIGURES: dict[str, Callable[[Snapshot], Figure]] = {
+    "reward_over_time": reward_over_time,
+    "external_staleness": external_staleness,
+}
+
+
+def figures_for(snapshot: Snapshot) -> dict[str, Callable[[Snapshot], Figure]]:
+    """The figure functions of ``snapshot``'s mode by name: :data:`FIGURES`, then :data:`ASYNC_FIGURES` when it
+    plays asynchronous rounds."""
+    return {**FIGURES, **ASYNC_FIGURES} if snapshot.is_async else dict(FIGURES)
+
+
 def all_figures(snapshot: Snapshot, nodes: Iterable[str] | None = None) -> dict[str, Figure]:
-    """Every figure by name; with ``nodes``, only those workers (see :func:`filter_nodes`)."""
+    """Every figure of the snapshot's mode by name (:func:`figures_for`); with ``nodes``, only those workers (see
+    :func:`filter_nodes`)."""
     if nodes is not None:
         snapshot = filter_nodes(snapshot, nodes)
-    return {name: fn(snapshot) for name, fn in FIGURES.items()}
+    return {name: fn(snapshot) for name, fn in figures_for(snapshot).items()}
 
 
 def filter_nodes(snapshot: Snapshot, nodes: Iterable[str]) -> Snapshot:
@@ -437,6 +571,7 @@ def filter_nodes(snapshot: Snapshot, nodes: Iterable[str]) -> Snapshot:
         evals=keep_rows(snapshot.evals),
         events=keep_rows(snapshot.events),
         metrics=keep_rows(snapshot.metrics),
+        externals=keep_rows(snapshot.externals),
     )
 
 

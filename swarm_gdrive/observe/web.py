@@ -38,6 +38,15 @@ FIGURES = {
     "time_split": "Time split of a round",
     "training": "Training: loss, grad norm, KL, clip ratio, zero-variance fraction, own against external reward",
 }
+#: Asynchronous rounds (ROUND_MODE=async): these figures too, and other captions where a figure shows time.
+ASYNC_FIGURES = {
+    "reward_over_time": "Reward over wall-clock time and over each worker's own rounds",
+    "external_staleness": "External groups per worker: fill rate, age and staleness of those taken",
+}
+ASYNC_CAPTIONS = {
+    "live_workers": "Each worker's own round and the live workers over time",
+    "reward_per_round": "Reward per node per round (each worker's own rounds)",
+}
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
@@ -134,15 +143,18 @@ class Pages:
             for f in found
         )
         figures = []
-        for name, caption in FIGURES.items():
+        shown = {**FIGURES, **ASYNC_FIGURES, **ASYNC_CAPTIONS} if snapshot.is_async else FIGURES
+        for name, caption in shown.items():
             figure = getattr(plots, name)(snapshot)
             data = base64.b64encode(plots.to_png(figure, dpi=80)).decode()
             figures.append(
                 f'<figure data-figure="{name}"><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
                 f"<figcaption>{html.escape(caption)}</figcaption></figure>"
             )
+        # Asynchronous, the state's round is no clock (each worker's own round is in the summary and the table).
+        where = 'data-round="" data-mode="async"' if snapshot.is_async else f'data-round="{state.get("round", "")}"'
         return (
-            f'<section data-experiment="{html.escape(experiment)}" data-round="{state.get("round", "")}" '
+            f'<section data-experiment="{html.escape(experiment)}" {where} '
             f'data-status="{html.escape(str(state.get("status", "")))}">'
             f"<h1>{html.escape(experiment)}</h1><p>{html.escape(_state_summary(snapshot))}</p>"
             f"<h2>Workers</h2><pre>{html.escape(status_table(snapshot)) or 'no worker yet'}</pre>"
