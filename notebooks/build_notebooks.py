@@ -473,7 +473,9 @@ assert all(code == 0 for code in codes.values()), codes"""
             "monitoring.ipynb",
             "# swarm-gdrive: monitoring\n\nReads an experiment folder (never writes to it; a CPU runtime is "
             "enough): the workers' status, health findings (stale heartbeats, missing rewards or rollouts, "
-            "error events), the report's plots, and a live dashboard. Re-run the cells to refresh.",
+            "error events), the report's plots, and a live dashboard. Re-run the cells to refresh. An "
+            "asynchronous experiment (ROUND_MODE=async) has no common round: the status shows each worker's own "
+            "round of MAX_ROUNDS and whether it is done, with the fill rate and staleness of its external groups.",
             """\
 EXPERIMENT_NAME = "my-run"  #@param {type:"string"}
 REPORT_DIR = "/content/swarm-report"  #@param {type:"string"}
@@ -618,7 +620,8 @@ notebook.check_memory(NUM_WORKERS, MEMORY_PER_WORKER_GB, device, env)"""
             "results_analysis.ipynb",
             "# swarm-gdrive: results analysis\n\nCompares experiments of one shared folder with a baseline "
             "(a CPU runtime is enough): cumulative training reward per worker over the rounds all of them "
-            "completed (mean, 95% bootstrap CI, difference with the baseline, permutation p, Hedges' g) and "
+            "completed (in an asynchronous experiment each worker's own first rounds, as many as its slowest "
+            "worker played) (mean, 95% bootstrap CI, difference with the baseline, permutation p, Hedges' g) and "
             "held-out pass@1 at the first and the last evaluation; then each experiment's report plots. "
             "Nothing is hard-coded: the numbers are what your runs measured.",
             """\

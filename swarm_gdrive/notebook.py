@@ -725,8 +725,9 @@ def show_comparison(env_or_path: EnvOrPath, experiments: list[str], baseline: st
             change = f"- (one evaluation, after {r.eval_last_round} rounds: {r.eval_last:.3f})"
         else:
             change = "-"
+        over = f"each worker's first {r.rounds} own rounds (async)" if r.mode == "async" else f"{r.rounds} rounds"
         print(
-            f"{r.experiment}: cumulative reward {r.cumulative_mean:.3f} over {r.rounds} rounds, "
+            f"{r.experiment}: cumulative reward {r.cumulative_mean:.3f} over {over}, "
             f"{r.difference:+.3f} vs {baseline} (95% CI {r.difference_ci[0]:+.3f}, {r.difference_ci[1]:+.3f}), "
             f"held-out pass@1 change {change}"
         )
