@@ -2,11 +2,14 @@
 
 As TRL's ``report_to``: a comma list of ``tensorboard``, ``wandb`` and ``trackio`` (``none``, the default, is
 off; ``all`` is every one installed), each behind its optional extra (``pip install 'swarm-gdrive[wandb]'``).
-Every node is one run, named by its NODE_ID and grouped by EXPERIMENT_NAME; its x-axis is the round. The
+Every node is one run, named by its NODE_ID and grouped by EXPERIMENT_NAME; its x-axis is the round (with
+asynchronous rounds, ROUND_MODE=async, the node's own round: workers at the same step are then not at the same
+moment, and the trackers' wall-clock axis, W&B's "Relative Time", TensorBoard's "Relative", compares them). The
 metric lines in the shared folder keep their keys (the monitor and ``report`` read them); a tracker gets the
 names a TRL user knows (:func:`tracker_key`): ``train/loss``, ``train/reward``, ``train/frac_reward_zero_std``,
 ``train/completions/mean_length``, ``train/kl``, ``train/clip_ratio/region_mean``, as TRL's trainers appear in
-these trackers, and ``swarm/…`` for what only a swarm has (external groups, the storage, the round clock).
+these trackers, and ``swarm/…`` for what only a swarm has (external groups, the storage, the round clock; the
+asynchronous pickup's ``swarm/external_age_s_mean``, ``swarm/external_staleness_rounds_max`` … as they are).
 
 The trackers write node-local files (``TRACKING_DIR``), never to the shared folder. W&B without an API key
 (``WANDB_API_KEY`` or a ``wandb login``) and without ``WANDB_MODE`` logs offline: ``wandb sync`` uploads it later.

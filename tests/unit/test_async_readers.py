@@ -25,6 +25,7 @@ from swarm_gdrive import cli  # noqa: E402
 from swarm_gdrive.observe import analysis, monitor, plots, report, web  # noqa: E402
 from swarm_gdrive.observe.dashboard import Dashboard  # noqa: E402
 from swarm_gdrive.protocol.layout import Layout  # noqa: E402
+from swarm_gdrive.protocol.tracking import tracker_key  # noqa: E402
 from swarm_gdrive.storage import LocalStorage  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -244,3 +245,18 @@ def test_the_dashboards_show_progress_per_worker_not_the_states_round(folders, m
     texts = [o["data"].get("text/html", "") for o in dashboard.output.outputs]
     assert any("own round" in t and "slow" in t for t in texts)
     assert not any(STATE_ROUND in t for t in texts)
+
+
+def test_trackers_get_each_workers_own_round_and_the_staleness_keys_under_swarm(folders):
+    """What a tracker is given (REPORT_TO): a worker's metric lines with their own round as the step; the
+    asynchronous pickup's keys keep their ``swarm/`` names, distinct from every other key."""
+    lines = read_lines(folders["finished"] / LAYOUT.metrics_file("a"))
+    assert sorted({m["round"] for m in lines}) == list(range(ROUNDS))
+    keys = {k for m in lines for k in m["values"]}
+    assert "swarm/external_stale_skipped" in keys
+    took = bool(raw_externals(folders["finished"])["a"])
+    assert ({"swarm/external_age_s_max", "swarm/external_staleness_rounds_mean"} <= keys) == took
+    mapped = {k: tracker_key(k) for k in keys}
+    assert all(mapped[k] == k for k in keys if k.startswith("swarm/"))
+    assert all(v.split("/")[0] in ("train", "swarm", "time", "gen", "eval") for v in mapped.values()), mapped
+    assert len(set(mapped.values())) == len(mapped)
