@@ -730,7 +730,8 @@ def status_table(snapshot: Snapshot) -> str:
         header[4:5] = ["own round", "done"]
         state = snapshot.state_record
         assert state is not None
-        done = dict(zip(*worker_progress(snapshot)[["node", "done"]].T.values, strict=True))
+        progress = worker_progress(snapshot)
+        done = dict(zip(progress["node"], progress["done"], strict=True))
     lines = [header]
     rewards = snapshot.rewards
     for peer in snapshot.peers[snapshot.peers["role"] == "worker"].itertuples(index=False):

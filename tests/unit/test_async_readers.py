@@ -24,7 +24,9 @@ matplotlib.use("Agg")
 from swarm_gdrive import cli  # noqa: E402
 from swarm_gdrive.observe import analysis, monitor, plots, report, web  # noqa: E402
 from swarm_gdrive.observe.dashboard import Dashboard  # noqa: E402
+from swarm_gdrive.protocol.exchange import Exchange  # noqa: E402
 from swarm_gdrive.protocol.layout import Layout  # noqa: E402
+from swarm_gdrive.protocol.records import RewardRecord  # noqa: E402
 from swarm_gdrive.protocol.tracking import tracker_key  # noqa: E402
 from swarm_gdrive.storage import LocalStorage  # noqa: E402
 
@@ -189,6 +191,28 @@ def test_compare_sums_the_same_number_of_own_rounds_for_every_worker(folders):
     assert analysis.completed_rounds(LocalStorage(folders["running"]), EXPERIMENT) == common
     table = analysis.format_table([row])
     assert f"| {common} (own, async) |" in table and f"its own rounds 0..{common - 1}" in table
+
+
+def test_a_synchronous_baseline_is_compared_over_the_async_experiments_common_rounds(folders, tmp_path):
+    shutil.copytree(folders["running"], tmp_path / "shared")
+    storage = LocalStorage(tmp_path / "shared")
+    sync = {"x": [0.1, 0.2, 0.3, 0.4], "y": [0.5, 0.5, 0.5, 0.5]}  # a finished synchronous run of 4 rounds
+    exchange = Exchange(storage, Layout("base"), "writer", "0123456789abcdef")
+    for node, rewards in sync.items():
+        for round_, reward in enumerate(rewards):
+            exchange.write_reward(
+                RewardRecord(node_id=node, run_id="0123456789abcdef", round=round_, stage=0, reward=reward,
+                             num_local_groups=3, num_external_groups=0, external_requested=0, submitted_at=1.0)
+            )  # fmt: skip
+    common = len(raw_rewards(folders["running"])[SLOW])
+    base, other = analysis.compare(storage, [EXPERIMENT], "base")
+    assert [(r.experiment, r.mode, r.rounds) for r in (base, other)] == [
+        ("base", "sync", common),
+        (EXPERIMENT, "async", common),
+    ]
+    assert base.cumulative_mean == pytest.approx(statistics.fmean(sum(v[:common]) for v in sync.values()))
+    table = analysis.format_table([base, other]).splitlines()
+    assert table[2].startswith(f"| base | 2 | {common} |") and table[3].startswith(f"| async | 3 | {common} (own")
 
 
 def test_report_has_each_workers_progress_and_the_async_figures(folders, tmp_path, monkeypatch):
