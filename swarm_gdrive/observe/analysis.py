@@ -276,10 +276,11 @@ def format_table(rows: list[Comparison]) -> str:
             f"{pm(r.eval_last, r.eval_last_se, r.eval_last_round)} |"
         )
     if any(r.mode == "async" for r in rows):
+        own = f"0..{rows[0].rounds - 1}" if rows[0].rounds else "(none yet: a worker has not played a whole round)"
         lines += [
             "",
-            "Asynchronous rounds (ROUND_MODE=async): each worker's cumulative reward sums its own rounds "
-            f"0..{rows[0].rounds - 1}, the rounds the slowest worker of every compared experiment has played; "
-            "the workers reached them at different moments.",
+            f"Asynchronous rounds (ROUND_MODE=async): each worker's cumulative reward sums its own rounds {own}, the "
+            "rounds the slowest worker of every compared experiment has played; the workers reached them at "
+            "different moments.",
         ]
     return "\n".join(lines)
