@@ -54,7 +54,9 @@ def _copy_live(folder: Path, target: Path) -> None:
 def folders(tmp_path_factory) -> dict[str, Path]:
     """``running``: the folder once the quick workers are done and the slow one has played a round; ``finished``."""
     shared = tmp_path_factory.mktemp("async-readers")
-    env = fast_env(shared, EXPERIMENT, MAX_ROUNDS=ROUNDS, MIN_WORKERS=3, NUM_TRANSPLANT_TREES=1)
+    # Beats every 0.1 s: the quick workers' peer records say their round soon enough for a pickup to find them
+    # within their 0.4 s of rounds (at 0.2 s they often did not: no group exchanged, nothing to measure).
+    env = fast_env(shared, EXPERIMENT, MAX_ROUNDS=ROUNDS, MIN_WORKERS=3, NUM_TRANSPLANT_TREES=1, HEARTBEAT_INTERVAL=0.1)
     nodes = [Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord", "ROUND_MODE": "async"})]
     steps = {"a": "0.05", "b": "0.05", SLOW: "0.4"}
     nodes += [Node({**env, "NODE_ROLE": "worker", "NODE_ID": w, "SYNTHETIC_STEP_SECONDS": s}) for w, s in steps.items()]
