@@ -33,6 +33,9 @@ from swarm_gdrive.storage import LocalStorage  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from swarm_threads import Node, fast_env  # noqa: E402
 
+#: One xdist worker runs them all: the swarm they read is run once (a module fixture runs on each worker it reaches).
+pytestmark = pytest.mark.xdist_group("async-readers")
+
 EXPERIMENT = "async"
 LAYOUT = Layout(EXPERIMENT)
 ROUNDS = 4
