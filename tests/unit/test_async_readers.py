@@ -31,10 +31,8 @@ from swarm_gdrive.protocol.tracking import tracker_key  # noqa: E402
 from swarm_gdrive.storage import LocalStorage  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from conftest import built_once  # noqa: E402
 from swarm_threads import Node, fast_env  # noqa: E402
-
-#: One xdist worker runs them all: the swarm they read is run once (a module fixture runs on each worker it reaches).
-pytestmark = pytest.mark.xdist_group("async-readers")
 
 EXPERIMENT = "async"
 LAYOUT = Layout(EXPERIMENT)
@@ -53,10 +51,11 @@ def _copy_live(folder: Path, target: Path) -> None:
     shutil.copytree(folder, target, copy_function=copy)
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory) -> dict[str, Path]:
-    """``running``: the folder once the quick workers are done and the slow one has played a round; ``finished``."""
-    shared = tmp_path_factory.mktemp("async-readers")
+def _run_swarm(base: Path) -> Path:
+    """``base/finished``: the experiment once finished; ``base/running``: a copy of it taken once the quick workers
+    were done and the slow one had played a round."""
+    shared = base / "finished"
+    shared.mkdir(parents=True)
     # Beats every 0.1 s: the quick workers' peer records say their round soon enough for a pickup to find them
     # within their 0.4 s of rounds (at 0.2 s they often did not: no group exchanged, nothing to measure).
     env = fast_env(shared, EXPERIMENT, MAX_ROUNDS=ROUNDS, MIN_WORKERS=3, NUM_TRANSPLANT_TREES=1, HEARTBEAT_INTERVAL=0.1)
@@ -65,20 +64,27 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     nodes += [Node({**env, "NODE_ROLE": "worker", "NODE_ID": w, "SYNTHETIC_STEP_SECONDS": s}) for w, s in steps.items()]
     for n in nodes:
         n.start()
-    quick = [n for n in nodes if n.config.node_id in QUICK]
-    for n in quick:
-        n.join(60)
+    for n in nodes:
+        if n.config.node_id in QUICK:
+            n.join(60)
     first = shared / LAYOUT.reward_file(0, 0, SLOW)
     deadline = time.monotonic() + 30
     while not first.exists() and time.monotonic() < deadline:  # its first round played: a round of its own to read
         time.sleep(0.02)
-    running = shared.parent / "running"
-    _copy_live(shared, running)
+    _copy_live(shared, base / "running")
     for n in nodes:
         n.join(60)
     assert [n.code for n in nodes] == [0, 0, 0, 0]
     assert first.exists()
-    return {"running": running, "finished": shared}
+    return base
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    """The two folders of :func:`_run_swarm`, run once per test session (every xdist worker reads the same ones;
+    a test that changes a folder changes a copy)."""
+    base = built_once(tmp_path_factory, "async-readers", lambda folder: _run_swarm(folder))
+    return {"running": base / "running", "finished": base / "finished"}
 
 
 #: What a reader showed for an asynchronous experiment before issue #28: the state's round, 0 while it runs.
