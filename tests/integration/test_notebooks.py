@@ -43,7 +43,10 @@ from bench.drive_budget import WriteCounter  # noqa: E402  (the bench measures a
 
 # One xdist worker runs them one after another: they share the session's Colab-like venv, wheel and tiny model
 # (built once there instead of once per worker) and the module's study.
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("notebooks")]
+# Each test has its own runtimes and Drive, so they run on any xdist worker, side by side; the three that read the
+# SAPO study notebook's Drive share one worker (STUDY_GROUP), where the module fixture ``study`` runs it once.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+STUDY_GROUP = pytest.mark.xdist_group("notebooks-study")
 
 #: A cold build of the Colab-like venv (no cache yet) takes minutes; the tests that need it get this much.
 COLD_BUILD = pytest.mark.timeout(900)
@@ -596,6 +599,7 @@ def test_test_mode_notebook_passes_the_validator(colab, tmp_path):
 
 
 @COLD_BUILD
+@STUDY_GROUP
 def test_sapo_experiments_notebook_compares_both_configurations(study):
     drive, nb = study
     text = output_text(nb)
@@ -608,6 +612,7 @@ def test_sapo_experiments_notebook_compares_both_configurations(study):
 
 
 @COLD_BUILD
+@STUDY_GROUP
 def test_monitoring_notebook_shows_status_findings_plots_and_a_dashboard_of_every_experiment(colab, study, tmp_path):
     """ipywidgets 7.7.1, as in Colab: the dashboard's dropdown holds every experiment of the folder, and the
     refresh loop redraws it in the cell, then ends after DASHBOARD_MINUTES."""
@@ -648,6 +653,7 @@ def test_monitoring_notebook_shows_status_findings_plots_and_a_dashboard_of_ever
 
 
 @COLD_BUILD
+@STUDY_GROUP
 def test_results_analysis_notebook_compares_and_plots(colab, study, tmp_path):
     drive, _ = study
     runtime = ColabRuntime(colab, tmp_path / "runtime", drive)
