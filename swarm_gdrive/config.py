@@ -492,6 +492,15 @@ class Config:
         "Unset: 60 + 4 x SYNC_LAG; at least 3 x SYNC_LAG.",
         _parse_seconds,
     )
+    experiment_deadline_minutes: float = _env(
+        "EXPERIMENT_DEADLINE_MINUTES",
+        0.0,
+        "Coordinator only: minutes after the experiment was created (experiment.json's created_at, on the "
+        "coordinator's clock; a restart does not extend it) after which the coordinator finishes the experiment. "
+        "ROUND_MODE=async: at once, each worker ending after the round it is playing (its reward and checkpoint kept); "
+        "sync: when the open round ends. 0 is no deadline; raise it and restart the coordinator to play on.",
+        _parse_float(0.0, 1e6),
+    )
     rollout_publish_frequency: str = _env(
         "ROLLOUT_PUBLISH_FREQUENCY",
         "stage",

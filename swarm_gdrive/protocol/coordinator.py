@@ -36,13 +36,15 @@ from swarm_gdrive.protocol.heartbeat import Heartbeat
 from swarm_gdrive.protocol.layout import Layout, parse_round_dir
 from swarm_gdrive.protocol.metrics import NodeLog
 from swarm_gdrive.protocol.polling import BRISK_FRACTION, Backoff, Pacer, RoundClock, Stopped, wait_for
+from swarm_gdrive.protocol.progress import SwarmProgress
 from swarm_gdrive.protocol.records import ExperimentRecord, PeerRecord, StateRecord
 from swarm_gdrive.protocol.tracking import tracking_for
 from swarm_gdrive.storage import FileInfo, Storage
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between the coordinator's "waiting for workers" lines while round 0 has not opened.
+#: Seconds between the coordinator's "waiting for workers" lines while round 0 has not opened, and between an
+#: asynchronous experiment's progress lines (INFO, and a metric line when rewards came in).
 WAITING_REPORT_SECONDS = 30.0
 #: Rounds past the open one whose folders the coordinator has already made.
 ROUNDS_AHEAD = 2
@@ -95,9 +97,13 @@ class Decision:
     restart_timer: bool = False
 
 
-def _not_running(state: StateRecord, live: frozenset[str], interval: float, min_workers: int, now: float) -> Decision:
+def _not_running(
+    state: StateRecord, live: frozenset[str], interval: float, min_workers: int, now: float, past_deadline: bool
+) -> Decision:
     """Either mode's decision on a ``finished`` state (nothing) or a ``waiting`` one (round 0 opens, ``running``,
-    once MIN_WORKERS are live)."""
+    once MIN_WORKERS are live; ``finished`` once past EXPERIMENT_DEADLINE_MINUTES)."""
+    if state.status == "waiting" and past_deadline:
+        return Decision(_open(state, state.round, "finished", live, interval, now, "deadline"), "deadline", True)
     if state.status == "waiting" and len(live) >= min_workers:
         return Decision(_open(state, state.round, "running", live, interval, now, "start"), "start", True)
     return Decision(None, "finished" if state.status == "finished" else "waiting for workers")
@@ -111,22 +117,31 @@ def decide(
     interval: float,
     min_workers: int,
     now: float,
+    past_deadline: bool = False,
 ) -> Decision:
     """The next state from the current one; pure.
 
     ``elapsed`` is how long the round has been open on the coordinator's clock; ``now`` is
     wall time, only written into the record. A round with no live worker does not time out:
-    its timer restarts, so rounds are not burnt while nobody is there.
+    its timer restarts, so rounds are not burnt while nobody is there. ``past_deadline``
+    (EXPERIMENT_DEADLINE_MINUTES has passed): the round ends as it would have, and the
+    experiment finishes there (``advance_reason: deadline``) instead of opening the next one;
+    a round held for want of a live worker finishes at once, unplayed.
     """
     if state.status in ("finished", "waiting"):
-        return _not_running(state, live, interval, min_workers, now)
+        return _not_running(state, live, interval, min_workers, now, past_deadline)
     all_submitted = bool(live) and live <= submitted
     if all_submitted or (elapsed >= interval and (live or submitted)):
         reason = "all_submitted" if all_submitted else "interval"
         if state.round + 1 >= state.max_rounds:
             # round + 1, not max_rounds: never backwards when MAX_ROUNDS was lowered on a resume
             return Decision(_open(state, state.round + 1, "finished", live, interval, now, "finished"), reason, True)
+        if past_deadline:
+            finished = _open(state, state.round + 1, "finished", live, interval, now, "deadline")
+            return Decision(finished, "deadline", True)
         return Decision(_open(state, state.round + 1, "running", live, interval, now, reason), reason, True)
+    if elapsed >= interval and past_deadline:
+        return Decision(_open(state, state.round, "finished", live, interval, now, "deadline"), "deadline", True)
     if elapsed >= interval:
         return Decision(None, "no live worker: holding the round", True)
     if sorted(live) != state.live_workers:
@@ -145,19 +160,26 @@ def decide_async(
     interval: float,
     min_workers: int,
     now: float,
+    stalled: frozenset[str] = frozenset(),
+    past_deadline: bool = False,
 ) -> Decision:
     """The next state of an asynchronous experiment (ROUND_MODE=async); pure. No round is ever advanced.
 
     ``joined``: the workers that registered in this run; ``done``: those with a reward of the last stage of round
-    ``max_rounds - 1`` (their last round). ``waiting`` opens (``running``, same round) once MIN_WORKERS are live, as
+    ``max_rounds - 1`` (their last round); ``stalled``: live workers whose round has not changed for
+    COORDINATOR_WAIT_TIMEOUT. ``waiting`` opens (``running``, same round) once MIN_WORKERS are live, as
     :func:`decide` does. ``running`` finishes (round ``max_rounds``, never backwards) once at least one worker is
-    done and no live worker that joined is still playing: one that stopped or fell silent does not hold the end
-    (as a synchronous round closes without it), so one that died for good cannot keep the experiment open.
-    Otherwise only a change of the live workers is written.
+    done and no live worker that joined is still playing: one that stopped, fell silent or stalled does not hold
+    the end (as a synchronous round closes without it), so one that died for good or hangs cannot keep the
+    experiment open. Past EXPERIMENT_DEADLINE_MINUTES (``past_deadline``) it finishes at once, ``round`` unchanged
+    (``advance_reason: deadline``): each worker ends after the round it plays. Otherwise only a change of the live
+    workers is written.
     """
     if state.status in ("finished", "waiting"):
-        return _not_running(state, live, interval, min_workers, now)
-    playing = (joined & live) - done
+        return _not_running(state, live, interval, min_workers, now, past_deadline)
+    if past_deadline:
+        return Decision(_open(state, state.round, "finished", live, interval, now, "deadline"), "deadline", True)
+    playing = (joined & live) - done - stalled
     if done and not playing:
         last = max(state.round, state.max_rounds)
         return Decision(_open(state, last, "finished", live, interval, now, "finished"), "all_done", True)
@@ -207,6 +229,11 @@ class Coordinator:
         self.workers_seen: set[str] = set()
         # workers whose last record read says alive (liveness by listing), with when that entry was first read
         self._alive: dict[str, tuple[PeerRecord, float]] = {}
+        self._rounds: dict[str, int | None] = {}  # each worker's round in its last record read (stopped ones too)
+        self._round_since: dict[str, tuple[int | None, float]] = {}  # that round, and since when (own clock)
+        self._stalled: frozenset[str] = frozenset()
+        self._created_at: float | None = None  # experiment.json's: EXPERIMENT_DEADLINE_MINUTES counts from it
+        self.progress = SwarmProgress(config.max_rounds)
         self._peer_listing: dict[str, FileInfo] = {}
         self._live: frozenset[str] = frozenset()
         self._peers_listed_at = -math.inf
@@ -248,6 +275,7 @@ class Coordinator:
             self._reset_or_refuse(f"it was started with ROUND_MODE={existing.mode!r} (now {self.config.round_mode!r})")
             return self._create()
         self.exchange.run_id = existing.run_id
+        self._created_at = existing.created_at
         try:
             state = self.exchange.read_state()
             foreign = None
@@ -265,7 +293,7 @@ class Coordinator:
                 state = None
         if state is None:
             state = self._recover_state(existing.run_id, last, foreign)
-        elif state.status == "finished" and state.round < self.config.max_rounds:
+        elif state.status == "finished" and state.round < self.config.max_rounds and not self.past_deadline():
             logger.info("extending finished experiment from %d to %d rounds", state.round, self.config.max_rounds)
             state = state.model_copy(update={"status": "running", "round": state.round})
         elif state.status == "stopped":  # its stop button: the round resumes; round 0 unplayed waits for workers
@@ -321,6 +349,7 @@ class Coordinator:
         run_id = secrets.token_hex(8)
         self.exchange.run_id = run_id
         self.exchange.prepare_experiment()  # before experiment.json, which workers wait for
+        self._created_at = time.time()
         self.exchange.write_experiment(
             ExperimentRecord(
                 experiment=self.config.experiment_name,
@@ -328,7 +357,7 @@ class Coordinator:
                 fingerprint=self.config.fingerprint(),
                 config=self.config.fingerprint_fields(),
                 coordinator_id=self.node_id,
-                created_at=time.time(),
+                created_at=self._created_at,
                 mode=self.config.round_mode,
             )
         )
@@ -445,6 +474,7 @@ class Coordinator:
             record = seen.record
             if isinstance(record, PeerRecord) and record.role == "worker":
                 self.workers_seen.add(node_id)
+                self._rounds[node_id] = record.round
             if not isinstance(record, PeerRecord) or record.role != "worker" or record.status == "stopped":
                 self._alive.pop(node_id, None)
                 self.liveness.forget(node_id)
@@ -528,6 +558,7 @@ class Coordinator:
                 self.config.coordinator_round_interval,
                 self.config.min_workers,
                 time.time(),
+                self.past_deadline(),
             )
             if decision.restart_timer:
                 opened = now
@@ -554,74 +585,174 @@ class Coordinator:
                     timeout = min(timeout, max(0.0, self.config.coordinator_round_interval - (self.clock() - opened)))
                 self.stop.wait(max(timeout, 0.01))
 
+    def past_deadline(self) -> bool:
+        """EXPERIMENT_DEADLINE_MINUTES (0: none) has passed since experiment.json's ``created_at``, on this node's
+        wall clock."""
+        minutes = self.config.experiment_deadline_minutes
+        return bool(minutes) and self._created_at is not None and time.time() >= self._created_at + 60 * minutes
+
+    def deadline_message(self) -> str:
+        return f"EXPERIMENT_DEADLINE_MINUTES={self.config.experiment_deadline_minutes:g} has passed"
+
     def _serve_async(self, state: StateRecord, heartbeat: Heartbeat) -> None:
         """The loop of an asynchronous experiment: liveness, each worker's progress, the end (:func:`decide_async`);
         no round is opened and no worker waits for this node. Stopped, it writes ``stopped`` as the synchronous loop
-        does."""
+        does. Finished, it keeps counting the rewards of the workers still live (:meth:`_drain_async`)."""
         backoff = Backoff(self.config.poll_interval_min, self.config.poll_interval_max)
         checked = self.clock()
-        done: set[str] = set()
         seen: tuple[frozenset[str], int] | None = None
         said = -math.inf
+        live: frozenset[str] = frozenset()
         while state.status != "finished":
             state, checked, now = self._pass_start(state, checked)
             live = self._observe_peers(state, now)
             if state.status == "waiting" and len(live) < self.config.min_workers:
                 self.report_waiting(live, now)
-            self._count_done(state, done)
-            decision = decide_async(
-                state,
-                live,
-                frozenset(self.workers_seen),
-                frozenset(done),
-                self.config.coordinator_round_interval,
-                self.config.min_workers,
-                time.time(),
-            )
+            if state.status == "running":
+                self._list_progress(state)
+            decision = self._decide_async(state, live, now)
+            if decision.state is not None and decision.state.status == "finished" and decision.reason == "all_done":
+                self._list_progress(state, state.max_rounds - 1)  # whoever else is done by now is counted as such
+                decision = self._decide_async(state, live, now)
             if decision.state is not None:
                 self.exchange.write_state(decision.state)
                 if decision.state.status != state.status:
-                    self._async_status_changed(decision.state, live, done)
+                    self._async_status_changed(decision.state, live, decision.reason)
                 state = decision.state
                 logctx.set_round(state.round)
                 heartbeat.set_round(state.round)
             if state.status == "running":
                 if now - said >= WAITING_REPORT_SECONDS:
                     said = now
-                    logger.info("%s", self.progress_message(state, live, done))
+                    logger.info("%s", self.progress_message(state, live))
+                    self._progress_line(state, live)
                 self._prepare_async_rounds(state)
-            if (live, len(done)) != seen:
+            if (live, len(self.progress.done)) != seen:
                 backoff.reset()
-                seen = (live, len(done))
+                seen = (live, len(self.progress.done))
             if state.status != "finished":
                 self.stop.wait(max(backoff.next(), 0.01))
+        self._drain_async(state, live)
 
-    def _count_done(self, state: StateRecord, done: set[str]) -> None:
-        """Add to ``done`` the registered workers whose reward of the last stage of round ``max_rounds`` - 1 is in
-        the folder (a listing of that folder per call), each with a ``worker_completed`` event."""
-        if state.status != "running":
-            return
-        last = state.max_rounds - 1
-        arrived = self.exchange.read_rewards(last, state.num_stages - 1, only=self.workers_seen)
-        for node in sorted(set(arrived) - done):
-            done.add(node)
+    def _decide_async(self, state: StateRecord, live: frozenset[str], now: float) -> Decision:
+        return decide_async(
+            state,
+            live,
+            frozenset(self.workers_seen),
+            frozenset(self.progress.done),
+            self.config.coordinator_round_interval,
+            self.config.min_workers,
+            time.time(),
+            self._stalled_workers(live, now),
+            self.past_deadline(),
+        )
+
+    def _list_progress(self, state: StateRecord, round_: int | None = None) -> None:
+        """One listing of the rewards of the last stage of ``round_`` (default: :meth:`SwarmProgress.target`'s)
+        and the reads of the files new there, validated as the synchronous mode's (run, names, schema, size caps;
+        registered workers only): counted into the progress, a ``worker_completed`` event for each worker done."""
+        if round_ is None:
+            round_ = self.progress.target(frozenset(self.workers_seen), self._rounds)
+            if round_ is None:
+                return
+        found = self.exchange.read_rewards(round_, state.num_stages - 1, only=self.workers_seen)
+        for node in self.progress.add(round_, found):
             self.log.event(
                 "worker_completed",
-                f"{node} played its last round, {last} (MAX_ROUNDS={state.max_rounds})",
-                round_=last,
+                f"{node} played its last round, {round_} (MAX_ROUNDS={state.max_rounds})",
+                round_=round_,
                 node=node,
             )
             self.log.flush()
 
-    def _async_status_changed(self, new: StateRecord, live: frozenset[str], done: set[str]) -> None:
+    def _stalled_workers(self, live: frozenset[str], now: float) -> frozenset[str]:
+        """The live workers whose round (peer record) has not changed for COORDINATOR_WAIT_TIMEOUT on this node's
+        clock: alive but not progressing (a hung generate); a ``worker_stalled`` warning names each as it stalls,
+        ``worker_progressing`` when it moves again."""
+        timeout = self.config.coordinator_wait_timeout
+        for node in set(self._round_since) - live:  # one that left and comes back is timed afresh
+            del self._round_since[node]
+        for node in live:
+            round_ = self._rounds.get(node)
+            if self._round_since.get(node, (None, 0.0))[0] != round_ or node not in self._round_since:
+                self._round_since[node] = (round_, now)
+        stalled = frozenset(n for n in live if now - self._round_since[n][1] >= timeout and n not in self.progress.done)
+        for node in sorted(stalled - self._stalled):
+            self.log.event(
+                "worker_stalled",
+                f"{node} is alive but has stayed at round {self._rounds.get(node)} for {timeout:g} s "
+                "(COORDINATOR_WAIT_TIMEOUT): it no longer holds the end of the experiment; look at its log (a hung "
+                "generate or storage call?)",
+                level="warning",
+                node=node,
+                stuck_round=self._rounds.get(node),
+            )
+        for node in sorted((self._stalled - stalled) & live):
+            self.log.event("worker_progressing", f"{node} plays again, round {self._rounds.get(node)}", node=node)
+        if stalled != self._stalled:
+            self.log.flush()
+        self._stalled = stalled
+        return stalled
+
+    def _progress_line(self, state: StateRecord, live: frozenset[str]) -> None:
+        """A metric line of the swarm's progress (:meth:`SwarmProgress.line`, with ``swarm/live_workers`` and
+        ``swarm/workers_done``) and a ``swarm_progress`` event with each worker's rounds done; nothing when no new
+        reward was counted since the last."""
+        if not self.progress.pending:
+            return
+        self.log.metric(
+            {
+                "swarm/live_workers": len(live),
+                "swarm/workers_done": len(self.progress.done),
+                **self.progress.line(),
+            },
+            round_=state.round,
+        )
+        rounds = self.progress.rounds_done
+        shown = ", ".join(f"{node} {done}" for node, done in sorted(rounds.items()))
+        self.log.event(
+            "swarm_progress",
+            f"rounds done (of {state.max_rounds}): {shown}",
+            round_=state.round,
+            nodes=sorted(rounds),
+            rounds_done=[rounds[n] for n in sorted(rounds)],
+        )
+        self.log.flush()
+
+    def _drain_async(self, state: StateRecord, live: frozenset[str]) -> None:
+        """After an asynchronous experiment finished: the workers that were live finish the round they play (a
+        deadline) or have just ended; their rewards are counted until every one of them has stopped or fell silent,
+        at most COORDINATOR_ROUND_INTERVAL + SYNC_LAG, then the last progress line. A stop ends it early (the state
+        stays ``finished``)."""
+        waited = self.clock()
+        window = self.config.coordinator_round_interval + self.config.sync_lag
+        backoff = Backoff(self.config.poll_interval_min, self.config.poll_interval_max)
+        finishing = live - self.progress.done - self._stalled
+        pending = finishing
+        while pending and not self.stop.is_set() and self.clock() - waited < window:
+            self.stop.wait(max(backoff.next(), 0.01))
+            pending = self.observe(self.clock(), every=False) & pending
+            round_ = self.progress.target(finishing, self._rounds)
+            if round_ is not None:
+                self._list_progress(state, round_)
+        self._progress_line(state, live)
+
+    def _async_status_changed(self, new: StateRecord, live: frozenset[str], reason: str) -> None:
         """The asynchronous experiment opened (``running``) or finished: an event, a metric line, a flush."""
+        done = sorted(self.progress.done)
         if new.status == "running":
             summary = f"asynchronous rounds started with {len(live)} live workers"
             self.log.event("round_opened", summary, round_=new.round, reason="start", live=len(live), mode="async")
         else:
-            summary = f"every live worker played its {new.max_rounds} rounds: {', '.join(sorted(done))}"
+            if reason == "deadline":
+                summary = (
+                    f"{self.deadline_message()}: the {len(live)} live workers end after the round they play "
+                    f"({len(done)} had played their {new.max_rounds} rounds)"
+                )
+            else:
+                summary = f"every live worker played its {new.max_rounds} rounds: {', '.join(done)}"
             self.log.event(
-                "experiment_finished", summary, round_=new.round, reason="all_done", live=len(live), done=len(done)
+                "experiment_finished", summary, round_=new.round, reason=reason, live=len(live), done=len(done)
             )
             self.log.metric({"swarm/live_workers": len(live), "swarm/workers_done": len(done)}, round_=new.round)
         logger.info("%s", summary)
@@ -632,11 +763,13 @@ class Coordinator:
         progress; as fresh as the coordinator's reads of peer files, §6)."""
         return {node: record.round for node, (record, _) in sorted(self._alive.items()) if record.round is not None}
 
-    def progress_message(self, state: StateRecord, live: frozenset[str], done: set[str]) -> str:
-        """``asynchronous rounds: w1 at round 12, w2 at round 3 of 20; 0 of 2 done``."""
+    def progress_message(self, state: StateRecord, live: frozenset[str]) -> str:
+        """``asynchronous rounds: w1 at round 12, w2 at round 3 of 20; 0 done, 2 live``."""
         rounds = self.worker_rounds()
         shown = ", ".join(f"{node} at round {r}" for node, r in rounds.items()) or "no worker has started a round"
-        return f"asynchronous rounds: {shown} of {state.max_rounds}; {len(done)} done, {len(live)} live"
+        stalled = f", stalled: {', '.join(sorted(self._stalled))}" if self._stalled else ""
+        done = len(self.progress.done)
+        return f"asynchronous rounds: {shown} of {state.max_rounds}; {done} done, {len(live)} live{stalled}"
 
     def _prepare_async_rounds(self, state: StateRecord) -> None:
         """The folders of the rounds just ahead of the furthest worker (:meth:`prepare_rounds` for one clock): one
@@ -708,9 +841,12 @@ class Coordinator:
         self.exchange.write_state(new)
         if new.round != old.round or new.status != old.status:
             missing = sorted(live - submitted)
-            if old.status == "running" and decision.reason == "interval" and missing:
+            if old.status == "running" and decision.reason in ("interval", "deadline") and missing:
                 self._closed_on_deadline(old, missing, now)
-            if old.status == "waiting":
+            if decision.reason == "deadline":
+                played = f"after round {old.round}" if new.round > old.round else f"before round {new.round} was played"
+                summary = f"{self.deadline_message()}: finished {played}" + (f", missing {missing}" if missing else "")
+            elif old.status == "waiting":
                 summary = f"round {new.round} opened with {len(live)} live workers"
             else:
                 summary = (

@@ -103,6 +103,7 @@ VALID: dict[str, tuple[str, str, object, dict[str, str]]] = {
     "ROUND_MODE": (" Async ", "round_mode", "async", {}),
     "MAX_STALENESS_SECONDS": ("0", "max_staleness_seconds", 0.0, {}),
     "MAX_STALENESS_ROUNDS": ("3", "max_staleness_rounds", 3, {}),
+    "EXPERIMENT_DEADLINE_MINUTES": (" 90.5 ", "experiment_deadline_minutes", 90.5, {}),
     "CURRICULUM_THRESHOLD": (
         "0.8",
         "curriculum_threshold",
@@ -213,6 +214,7 @@ def test_defaults(base: dict[str, str], tmp_path: Path, monkeypatch: pytest.Monk
         "max_staleness_seconds": 1800.0,
         "max_staleness_rounds": 0,
         "coordinator_round_interval": 60.0,
+        "experiment_deadline_minutes": 0.0,
         "rollout_publish_frequency": "stage",
         "rollout_cleanup_enabled": False,
         "rollout_keep_last_n_rounds": 10,
@@ -366,6 +368,12 @@ def test_bounded_counts_name_both_bounds(base: dict[str, str]) -> None:
 def test_max_staleness_seconds_is_a_finite_number_of_seconds_from_0(base: dict[str, str], raw: str) -> None:
     err = config_error({**base, "MAX_STALENESS_SECONDS": raw})
     assert str(err) == f"MAX_STALENESS_SECONDS={raw!r}: use a number in [0, inf]"
+
+
+@pytest.mark.parametrize("raw", ["-5", "inf", "nan", "2h", "2000000"])
+def test_experiment_deadline_minutes_is_a_number_of_minutes_from_0(base: dict[str, str], raw: str) -> None:
+    err = config_error({**base, "EXPERIMENT_DEADLINE_MINUTES": raw})
+    assert str(err) == f"EXPERIMENT_DEADLINE_MINUTES={raw!r}: use a number in [0, 1e+06]"
 
 
 def test_zero_transplant_trees_is_plain_grpo(base: dict[str, str]) -> None:
