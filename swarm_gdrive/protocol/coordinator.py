@@ -609,10 +609,10 @@ class Coordinator:
             if state.status == "waiting" and len(live) < self.config.min_workers:
                 self.report_waiting(live, now)
             if state.status == "running":
-                self._list_progress(state)
+                self.count_progress(state)
             decision = self._decide_async(state, live, now)
             if decision.state is not None and decision.state.status == "finished" and decision.reason == "all_done":
-                self._list_progress(state, state.max_rounds - 1)  # whoever else is done by now is counted as such
+                self.count_progress(state, state.max_rounds - 1)  # whoever else is done by now is counted as such
                 decision = self._decide_async(state, live, now)
             if decision.state is not None:
                 self.exchange.write_state(decision.state)
@@ -625,7 +625,7 @@ class Coordinator:
                 if now - said >= WAITING_REPORT_SECONDS:
                     said = now
                     logger.info("%s", self.progress_message(state, live))
-                    self._progress_line(state, live)
+                    self.progress_line(state, live)
                 self._prepare_async_rounds(state)
             if (live, len(self.progress.done)) != seen:
                 backoff.reset()
@@ -643,11 +643,11 @@ class Coordinator:
             self.config.coordinator_round_interval,
             self.config.min_workers,
             time.time(),
-            self._stalled_workers(live, now),
+            self.stalled_workers(live, now),
             self.past_deadline(),
         )
 
-    def _list_progress(self, state: StateRecord, round_: int | None = None) -> None:
+    def count_progress(self, state: StateRecord, round_: int | None = None) -> None:
         """One listing of the rewards of the last stage of ``round_`` (default: :meth:`SwarmProgress.target`'s)
         and the reads of the files new there, validated as the synchronous mode's (run, names, schema, size caps;
         registered workers only): counted into the progress, a ``worker_completed`` event for each worker done."""
@@ -665,7 +665,7 @@ class Coordinator:
             )
             self.log.flush()
 
-    def _stalled_workers(self, live: frozenset[str], now: float) -> frozenset[str]:
+    def stalled_workers(self, live: frozenset[str], now: float) -> frozenset[str]:
         """The live workers whose round (peer record) has not changed for COORDINATOR_WAIT_TIMEOUT on this node's
         clock: alive but not progressing (a hung generate); a ``worker_stalled`` warning names each as it stalls,
         ``worker_progressing`` when it moves again."""
@@ -694,11 +694,11 @@ class Coordinator:
         self._stalled = stalled
         return stalled
 
-    def _progress_line(self, state: StateRecord, live: frozenset[str]) -> None:
+    def progress_line(self, state: StateRecord, live: frozenset[str], always: bool = False) -> None:
         """A metric line of the swarm's progress (:meth:`SwarmProgress.line`, with ``swarm/live_workers`` and
         ``swarm/workers_done``) and a ``swarm_progress`` event with each worker's rounds done; nothing when no new
-        reward was counted since the last."""
-        if not self.progress.pending:
+        reward was counted since the last, unless ``always``."""
+        if not self.progress.pending and not (always and self.progress.rounds_done):
             return
         self.log.metric(
             {
@@ -720,22 +720,24 @@ class Coordinator:
         self.log.flush()
 
     def _drain_async(self, state: StateRecord, live: frozenset[str]) -> None:
-        """After an asynchronous experiment finished: the workers that were live finish the round they play (a
-        deadline) or have just ended; their rewards are counted until every one of them has stopped or fell silent,
-        at most COORDINATOR_ROUND_INTERVAL + SYNC_LAG, then the last progress line. A stop ends it early (the state
-        stays ``finished``)."""
+        """After an asynchronous experiment finished: the workers that were live and not done end the round they
+        play (a deadline) or have just ended. Each, once seen stopped or silent (§6), has the rewards of the round
+        its last record names counted (one listing a pass), for at most COORDINATOR_ROUND_INTERVAL + SYNC_LAG; then
+        the last progress line. A stop ends it early (the state stays ``finished``)."""
         waited = self.clock()
         window = self.config.coordinator_round_interval + self.config.sync_lag
         backoff = Backoff(self.config.poll_interval_min, self.config.poll_interval_max)
         finishing = live - self.progress.done - self._stalled
-        pending = finishing
-        while pending and not self.stop.is_set() and self.clock() - waited < window:
+        settled: set[str] = set()
+        while finishing - settled and not self.stop.is_set() and self.clock() - waited < window:
             self.stop.wait(max(backoff.next(), 0.01))
-            pending = self.observe(self.clock(), every=False) & pending
-            round_ = self.progress.target(finishing, self._rounds)
-            if round_ is not None:
-                self._list_progress(state, round_)
-        self._progress_line(state, live)
+            ended = sorted(finishing - settled - self.observe(self.clock(), every=False))
+            if ended:
+                node = ended[0]
+                settled.add(node)
+                if self._rounds.get(node) is not None:
+                    self.count_progress(state, self._rounds[node])
+        self.progress_line(state, live, always=True)
 
     def _async_status_changed(self, new: StateRecord, live: frozenset[str], reason: str) -> None:
         """The asynchronous experiment opened (``running``) or finished: an event, a metric line, a flush."""

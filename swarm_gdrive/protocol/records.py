@@ -104,7 +104,7 @@ class StateRecord(_Record):
     round_opened_at: Timestamp
     round_deadline: Timestamp
     live_workers: list[NodeId] = Field(default_factory=list, max_length=10_000)
-    advance_reason: Literal["start", "resume", "all_submitted", "interval", "finished"] = "start"
+    advance_reason: Literal["start", "resume", "all_submitted", "interval", "finished", "deadline"] = "start"
     coordinator_id: NodeId
     updated_at: Timestamp
     #: ``sync``: the rounds above are the swarm's clock. ``async`` (ROUND_MODE=async): each worker plays its own
