@@ -1,7 +1,8 @@
-"""EXPERIMENT_DEADLINE_MINUTES ends an asynchronous swarm (issue #28): the real coordinator and workers as threads on
-a local folder, synthetic workload. The coordinator finishes the experiment at the deadline; each worker ends after
-the round it is playing, with that round's reward written and its final end of round (the checkpoint) done, and
-exits 0; the coordinator's record counts every worker's rounds."""
+"""EXPERIMENT_DEADLINE_MINUTES ends a swarm (issue #28): the real coordinator and workers as threads on a local
+folder, synthetic workload. Asynchronous: the coordinator finishes the experiment at the deadline; each worker ends
+after the round it is playing, with that round's reward written and its final end of round (the checkpoint) done,
+and exits 0; the coordinator's record counts every worker's rounds. Synchronous: the round open at the deadline is
+played to its end, and no other opens."""
 
 from __future__ import annotations
 
@@ -92,3 +93,21 @@ def test_past_the_deadline_an_async_swarm_finishes_and_each_worker_ends_after_it
     metrics = lines(tmp_path, LAYOUT.metrics_file("coord"), MetricRecord)
     progress = [m.values for m in metrics if "swarm/rewards_counted" in m.values]
     assert progress and all(v["swarm/reward_mean"] is None or 0 <= v["swarm/reward_mean"] <= 1 for v in progress)
+
+
+def test_past_the_deadline_a_sync_swarm_finishes_when_the_open_round_ends(tmp_path):
+    env = fast_env(tmp_path, "deadline", MAX_ROUNDS=100_000, MIN_WORKERS=2, EXPERIMENT_DEADLINE_MINUTES=0.03)
+    nodes = [Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})]
+    nodes += [Node({**env, "NODE_ROLE": "worker", "NODE_ID": w}) for w in ("w1", "w2")]
+    for n in nodes:
+        n.start()
+    for n in nodes:
+        n.join(20)
+    assert [n.code for n in nodes] == [0, 0, 0]
+
+    state = decode((tmp_path / LAYOUT.state_file).read_bytes(), StateRecord)
+    assert (state.status, state.advance_reason, state.mode) == ("finished", "deadline", "sync")
+    assert 0 < state.round < 100_000
+    for w in ("w1", "w2"):  # every round up to the last one closed was played whole by both
+        found = (tmp_path / LAYOUT.rewards_dir).glob(f"round_*/stage_0/{w}.json")
+        assert sorted(decode(p.read_bytes(), RewardRecord).round for p in found) == list(range(state.round))
