@@ -109,6 +109,19 @@ class Observed:
     record: object | None
 
 
+def retention_seconds(mode: str, max_staleness_seconds: float, sync_lag: float) -> float:
+    """How long a worker keeps its own rollout batch beyond its last ROLLOUT_KEEP_LAST_N_ROUNDS rounds (0: no longer).
+
+    Asynchronous (§5.10): each worker's rounds advance at its own pace, so a writer's last N rounds say nothing about
+    what a peer may still take; a peer takes no batch older than MAX_STALENESS_SECONDS (its own clock), so the writer
+    keeps each batch that long, plus SYNC_LAG for clocks that disagree and files that reach the peer late. With no
+    bound in seconds (0) nothing tells when a batch is out of reach: the last N rounds are kept, as in sync.
+    """
+    if mode != "async" or not max_staleness_seconds:
+        return 0.0
+    return max_staleness_seconds + sync_lag
+
+
 class Exchange:
     """The shared-folder I/O of one node."""
 
@@ -130,6 +143,7 @@ class Exchange:
         self._cached_rollouts: dict[int, set[str]] = {}  # round -> rollout paths in _cache (batches are large)
         self._rejected: dict[str, str] = {}
         self._cleaned_below = 0  # rounds below this hold none of this node's rollouts any more
+        self._own_created: dict[tuple[int, int], float] = {}  # (round, stage) -> created_at of its own batches
         self._registered: set[str] = set()  # workers of this run with a valid peer file, as seen so far
         self._prepared: set[int] = set()  # rounds whose folders this node created ahead (prepare_round)
         self._state_read_at = -math.inf  # when the state file was last downloaded (monotonic)
@@ -524,6 +538,8 @@ class Exchange:
     def write_rollouts(self, batch: RolloutBatch) -> None:
         self._prefetched()
         self._write(self.layout.rollout_file(batch.round, batch.stage, batch.node_id), batch)
+        if batch.node_id == self.node_id:  # its age, for retention (cleanup_rollouts), without reading it back
+            self._own_created[(batch.round, batch.stage)] = batch.created_at
 
     def read_rollouts(
         self,
@@ -632,15 +648,21 @@ class Exchange:
         Only the round folders in that range are opened, so a sweep does not re-list every kept round. A name
         in the wrong shape (a file for a round folder, a folder for this node's file) is rejected and skipped.
         """
-        found: list[tuple[int, int]] = []
-        for _, round_ in self.numbered_folders(self.layout.rollouts_dir, parse_round_dir):
-            if round_ < since or (before is not None and round_ >= before):
-                continue
-            for _, stage in self.numbered_folders(self.layout.rollouts_round_dir(round_), parse_stage_dir):
+        return list(self._own_rollout_rounds(since, before))
+
+    def _own_rollout_rounds(self, since: int, before: int | None) -> Iterator[tuple[int, int]]:
+        """:meth:`own_rollout_rounds` in round order, each round's stage folders listed only when it is reached."""
+        rounds = sorted(
+            r
+            for _, r in self.numbered_folders(self.layout.rollouts_dir, parse_round_dir)
+            if r >= since and (before is None or r < before)
+        )
+        for round_ in rounds:
+            stage_folders = self.numbered_folders(self.layout.rollouts_round_dir(round_), parse_stage_dir)
+            for stage in sorted(stage for _, stage in stage_folders):
                 folder = self.layout.rollouts_stage_dir(round_, stage)
                 if any(node_id == self.node_id for _, node_id in self._files(folder)):
-                    found.append((round_, stage))
-        return found
+                    yield round_, stage
 
     def owns_rollouts(self, round_: int, stage: int) -> bool:
         """True if this node's rollout file of the stage holds this node's batch of this run.
@@ -648,22 +670,45 @@ class Exchange:
         On a store where names differ only in case name one file (Drive for desktop on macOS and Windows),
         ``w1.json`` may hold ``W1``'s batch: the content, not the name, says whose the file is.
         """
-        # _read's cross-check rejects a batch whose node id is not the file name's (and one of another run).
-        return self._read(self.layout.rollout_file(round_, stage, self.node_id), RolloutBatch) is not None
+        return self._own_batch_created(round_, stage) is not None
 
-    def cleanup_rollouts(self, current_round: int, keep_last: int, archive: bool) -> int:
-        """Delete (or move to archives/) this node's rollouts of rounds older than the last ``keep_last``.
+    def _own_batch_created(self, round_: int, stage: int) -> float | None:
+        """The ``created_at`` of this node's batch of the stage (None: no batch of this node and run there)."""
+        # _read's cross-check rejects a batch whose node id is not the file name's (and one of another run).
+        batch = self._read(self.layout.rollout_file(round_, stage, self.node_id), RolloutBatch)
+        if batch is None:
+            return None
+        self._own_created[(round_, stage)] = batch.created_at
+        return batch.created_at
+
+    def cleanup_rollouts(
+        self, current_round: int, keep_last: int, archive: bool, keep_seconds: float = 0.0, now: float | None = None
+    ) -> int:
+        """Delete (or move to archives/) this node's rollouts of rounds older than the last ``keep_last``, except
+        (``keep_seconds`` > 0, :func:`retention_seconds`) those created less than ``keep_seconds`` ago (``now``, this
+        node's ``time.time()``): a peer may still take them. A writer's batches are created in round order, so the
+        sweep stops at the first one that young.
 
         Only files that hold this node's own batch of this run are touched (:meth:`owns_rollouts`); a file the
         store refuses to remove or move is logged and left for the next sweep. Returns how many were removed.
         """
+        now = time.time() if now is None else now
         oldest_kept = current_round - keep_last + 1
+        if keep_seconds:
+            young = [r for (r, _), at in self._own_created.items() if now - at < keep_seconds]
+            oldest_kept = min([oldest_kept, *young])
+            if oldest_kept <= self._cleaned_below:
+                return 0  # nothing old enough: not even a listing
         removed = 0
         retry_from = oldest_kept
         # The first sweep of a process looks at every old round; later ones only at rounds new to the window.
-        for round_, stage in self.own_rollout_rounds(since=self._cleaned_below, before=oldest_kept):
-            if not self.owns_rollouts(round_, stage):
+        for round_, stage in self._own_rollout_rounds(self._cleaned_below, oldest_kept):
+            created = self._own_batch_created(round_, stage)  # read: the content says whose the file is
+            if created is None:
                 continue
+            if keep_seconds and now - created < keep_seconds:
+                retry_from = min(retry_from, round_)
+                break
             path = self.layout.rollout_file(round_, stage, self.node_id)
             try:
                 if archive:
@@ -676,8 +721,11 @@ class Exchange:
                 retry_from = min(retry_from, round_)
                 continue
             self.stats["deletes"] += 1
+            self._own_created.pop((round_, stage), None)
             removed += 1
         self._cleaned_below = max(self._cleaned_below, retry_from)
+        for key in [k for k in self._own_created if k[0] < self._cleaned_below]:
+            del self._own_created[key]
         return removed
 
     def remove_empty_rollout_dirs(self, before_round: int) -> int:

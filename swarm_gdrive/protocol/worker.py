@@ -21,7 +21,7 @@ import time
 from swarm_gdrive import logctx, progress
 from swarm_gdrive.config import Config
 from swarm_gdrive.protocol.coordinator import ExperimentMismatchError
-from swarm_gdrive.protocol.exchange import Exchange, RunChangedError
+from swarm_gdrive.protocol.exchange import Exchange, RunChangedError, retention_seconds
 from swarm_gdrive.protocol.gather import Gathered, PeerGather
 from swarm_gdrive.protocol.heartbeat import Heartbeat
 from swarm_gdrive.protocol.identity import Identity
@@ -506,7 +506,10 @@ class Worker:
             self._stage(ctx, state, buffered)
         if self.config.rollout_cleanup_enabled:
             removed = self.exchange.cleanup_rollouts(
-                round_, self.config.rollout_keep_last_n_rounds, self.config.rollout_archive_old
+                round_,
+                self.config.rollout_keep_last_n_rounds,
+                self.config.rollout_archive_old,
+                retention_seconds(state.mode, self.config.max_staleness_seconds, self.config.sync_lag),
             )
             if removed:
                 self.log.event(
