@@ -626,6 +626,7 @@ class Coordinator:
                     said = now
                     logger.info("%s", self.progress_message(state, live))
                     self.progress_line(state, live)
+                    self.prune_async(live)
                 self._prepare_async_rounds(state)
             if (live, len(self.progress.done)) != seen:
                 backoff.reset()
@@ -772,6 +773,13 @@ class Coordinator:
         stalled = f", stalled: {', '.join(sorted(self._stalled))}" if self._stalled else ""
         done = len(self.progress.done)
         return f"asynchronous rounds: {shown} of {state.max_rounds}; {done} done, {len(live)} live{stalled}"
+
+    def prune_async(self, live: frozenset[str]) -> None:
+        """With ROLLOUT_CLEANUP_ENABLED, the emptied rollout folders of rounds more than ROLLOUT_KEEP_LAST_N_ROUNDS
+        behind the slowest live worker's round (§9; every 30 s, not every pass: each call lists ``rollouts/``)."""
+        rounds = [r for node, r in self.worker_rounds().items() if node in live]
+        if self.config.rollout_cleanup_enabled and rounds:
+            self.prune_empty_round_dirs(min(rounds) - self.config.rollout_keep_last_n_rounds)
 
     def _prepare_async_rounds(self, state: StateRecord) -> None:
         """The folders of the rounds just ahead of the furthest worker (:meth:`prepare_rounds` for one clock): one

@@ -256,3 +256,17 @@ def test_a_deadline_metric_line_and_event_name_the_setting(tmp_path):
     assert "finished after round 2" in finished.message
     metrics, _ = decode_lines((tmp_path / Layout("exp").metrics_file("coord")).read_bytes(), MetricRecord)
     assert metrics[-1].values["swarm/live_workers"] == 2
+
+
+def test_with_cleanup_the_emptied_rollout_folders_behind_the_slowest_live_worker_are_removed(tmp_path):
+    c = make_coordinator(tmp_path, ROLLOUT_CLEANUP_ENABLED="true", ROLLOUT_KEEP_LAST_N_ROUNDS=2)
+    s = c.open_experiment()
+    for round_ in range(8):
+        c.exchange.prepare_round(round_, 1)
+    kept = tmp_path / Layout("exp").rollout_file(0, 0, "w2")
+    kept.write_bytes(b"{}")  # a file in round 0: its folder is not empty, so it stays
+    beat(tmp_path, s.run_id, "w1", 1, 7)
+    beat(tmp_path, s.run_id, "w2", 1, 5)  # the slowest: rounds below 5 - 2 go
+    c.prune_async(c.observe(0.0))
+    left = sorted(p.name for p in (tmp_path / Layout("exp").rollouts_dir).iterdir())
+    assert left == ["round_0", "round_3", "round_4", "round_5", "round_6", "round_7"] and kept.exists()
