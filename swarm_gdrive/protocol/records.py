@@ -108,8 +108,9 @@ class StateRecord(_Record):
     coordinator_id: NodeId
     updated_at: Timestamp
     #: ``sync``: the rounds above are the swarm's clock. ``async`` (ROUND_MODE=async): each worker plays its own
-    #: rounds and ``round`` is no clock (0 while running, ``max_rounds`` once finished). Left out of the JSON when
-    #: ``sync``, so that a synchronous run's state file is what it was before the field existed.
+    #: rounds and ``round`` is no clock (0 while running, ``max_rounds`` once finished, unchanged by a deadline).
+    #: Left out of the JSON when ``sync``, so that a synchronous run's state file is what it was before the field
+    #: existed.
     mode: Literal["sync", "async"] = Field(default="sync", exclude_if=_is_sync)
 
     def is_newer_than(self, other: StateRecord | None) -> bool:
