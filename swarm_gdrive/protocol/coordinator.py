@@ -609,10 +609,10 @@ class Coordinator:
             if state.status == "waiting" and len(live) < self.config.min_workers:
                 self.report_waiting(live, now)
             if state.status == "running":
-                self.count_progress(state)
+                self.count_progress(state, live)
             decision = self._decide_async(state, live, now)
             if decision.state is not None and decision.state.status == "finished" and decision.reason == "all_done":
-                self.count_progress(state, state.max_rounds - 1)  # whoever else is done by now is counted as such
+                self.count_progress(state, live, state.max_rounds - 1)  # whoever else is done by now is counted so
                 decision = self._decide_async(state, live, now)
             if decision.state is not None:
                 self.exchange.write_state(decision.state)
@@ -648,12 +648,13 @@ class Coordinator:
             self.past_deadline(),
         )
 
-    def count_progress(self, state: StateRecord, round_: int | None = None) -> None:
-        """One listing of the rewards of the last stage of ``round_`` (default: :meth:`SwarmProgress.target`'s)
-        and the reads of the files new there, validated as the synchronous mode's (run, names, schema, size caps;
-        registered workers only): counted into the progress, a ``worker_completed`` event for each worker done."""
+    def count_progress(self, state: StateRecord, live: frozenset[str], round_: int | None = None) -> None:
+        """One listing of the rewards of the last stage of ``round_`` (default: :meth:`SwarmProgress.target`'s, for
+        the ``live`` workers and the others) and the reads of the files new there, validated as the synchronous
+        mode's (run, names, schema, size caps; registered workers only): counted into the progress, a
+        ``worker_completed`` event for each worker done."""
         if round_ is None:
-            round_ = self.progress.target(frozenset(self.workers_seen), self._rounds)
+            round_ = self.progress.target(frozenset(self.workers_seen), self._rounds, live)
             if round_ is None:
                 return
         found = self.exchange.read_rewards(round_, state.num_stages - 1, only=self.workers_seen)
@@ -670,7 +671,8 @@ class Coordinator:
         """The live workers whose round (peer record) has not changed for COORDINATOR_WAIT_TIMEOUT on this node's
         clock: alive but not progressing (a hung generate); a ``worker_stalled`` warning names each as it stalls,
         ``worker_progressing`` when it moves again."""
-        timeout = self.config.coordinator_wait_timeout
+        # A beating worker's record is read again at least every LIVENESS_TIMEOUT / 2 (observe): no shorter timeout
+        timeout = max(self.config.coordinator_wait_timeout, self.config.liveness_timeout)
         for node in set(self._round_since) - live:  # one that left and comes back is timed afresh
             del self._round_since[node]
         for node in live:
@@ -682,8 +684,8 @@ class Coordinator:
             self.log.event(
                 "worker_stalled",
                 f"{node} is alive but has stayed at round {self._rounds.get(node)} for {timeout:g} s "
-                "(COORDINATOR_WAIT_TIMEOUT): it no longer holds the end of the experiment; look at its log (a hung "
-                "generate or storage call?)",
+                "(COORDINATOR_WAIT_TIMEOUT, at least LIVENESS_TIMEOUT): it no longer holds the end of the experiment; "
+                "look at its log (a hung generate or storage call?)",
                 level="warning",
                 node=node,
                 stuck_round=self._rounds.get(node),
@@ -737,7 +739,7 @@ class Coordinator:
                 node = ended[0]
                 settled.add(node)
                 if self._rounds.get(node) is not None:
-                    self.count_progress(state, self._rounds[node])
+                    self.count_progress(state, live, self._rounds[node])
         self.progress_line(state, live, always=True)
 
     def _async_status_changed(self, new: StateRecord, live: frozenset[str], reason: str) -> None:

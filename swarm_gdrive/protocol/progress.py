@@ -6,7 +6,9 @@ worker has played. The coordinator lists at most one ``rewards/round_R/stage_{la
 round looked for of the worker whose turn it is (the one listed for the longest ago among those not done), moved up
 to the round before the one its peer record says it plays, so a listing never trails a fast worker by more than a
 heartbeat: each worker gets one sampled round per turn, and its last round (which makes it *done*) as soon as it has
-played it. Every reward found in a listed folder counts, whichever worker the listing was for.
+played it. A worker that is not live gets one turn for the round its last record names (it may have played it),
+then none until a record names another. Every reward found in a listed folder counts, whichever worker the listing
+was for.
 """
 
 from __future__ import annotations
@@ -29,26 +31,35 @@ class SwarmProgress:
     done: set[str] = field(default_factory=set)
     _next: dict[str, int] = field(default_factory=dict)  # the round whose reward is looked for next
     _turn: dict[str, int] = field(default_factory=dict)  # the pass at which a listing was last aimed at the worker
+    _aimed: dict[str, int] = field(default_factory=dict)  # the round of that listing
     _passes: int = 0
     _counted: set[tuple[str, int]] = field(default_factory=set)  # (worker, round) rewards counted once
     _pending: list[float] = field(default_factory=list)  # rewards counted since the last line
 
-    def target(self, candidates: set[str] | frozenset[str], rounds: dict[str, int | None]) -> int | None:
+    def target(
+        self, candidates: set[str] | frozenset[str], rounds: dict[str, int | None], live: frozenset[str]
+    ) -> int | None:
         """The round whose last-stage rewards to list this pass (None: no candidate).
 
-        ``candidates``: the registered workers not done; ``rounds``: each worker's round as its last peer record
-        read says (it plays that round; a stopped worker may have played it). Of the candidates, the one whose turn
-        came longest ago (then by name) is served: its next round, moved up to one before its record's round."""
-        waiting = sorted(set(candidates) - self.done)
+        ``candidates``: the registered workers; ``rounds``: each one's round as its last peer record read says (a
+        live worker plays that round; one that stopped or fell silent may have played it); ``live``: the live
+        workers. Served, of the live candidates not done and the others not done whose recorded round has not been
+        listed for them yet, the one whose turn came longest ago (then by name): its next round, moved up to one
+        before its record's round (live), or to that round (not live)."""
+        waiting = sorted(
+            n
+            for n in set(candidates) - self.done
+            if n in live or (rounds.get(n) is not None and self._aimed.get(n, -1) < rounds[n])  # type: ignore[operator]
+        )
         if not waiting:
             return None
         self._passes += 1
         node = min(waiting, key=lambda n: (self._turn.get(n, 0), n))
         self._turn[node] = self._passes
         recorded = rounds.get(node)
-        floor = recorded - 1 if recorded is not None else 0
+        floor = 0 if recorded is None else recorded - 1 if node in live else recorded
         round_ = min(max(self._next.get(node, 0), floor), self.max_rounds - 1)
-        self._next[node] = round_
+        self._next[node] = self._aimed[node] = round_
         return round_
 
     def add(self, round_: int, rewards: dict[str, RewardRecord]) -> list[str]:

@@ -118,11 +118,12 @@ def reward(node: str, round_: int, value: float, run_id: str = "abcdef0123456789
 def test_progress_serves_each_worker_in_turn_from_the_round_before_its_record_and_counts_each_reward_once():
     p = SwarmProgress(max_rounds=10)
     rounds: dict[str, int | None] = {"fast": 7, "slow": None}
-    assert p.target({"fast", "slow"}, rounds) == 6  # fast: plays 7, so 6 is its newest reward
+    both = frozenset({"fast", "slow"})
+    assert p.target(both, rounds, both) == 6  # fast: plays 7, so 6 is its newest reward
     assert p.add(6, {"fast": reward("fast", 6, 1.0)}) == []
-    assert p.target({"fast", "slow"}, rounds) == 0  # slow's turn: its first round
+    assert p.target(both, rounds, both) == 0  # slow's turn: its first round
     p.add(0, {"slow": reward("slow", 0, 0.0), "fast": reward("fast", 0, 0.5)})
-    assert p.target({"fast", "slow"}, rounds) == 7  # fast again: the round after its last seen
+    assert p.target(both, rounds, both) == 7  # fast again: the round after its last seen
     p.add(6, {"fast": reward("fast", 6, 1.0)})  # listed again: not counted twice
     assert p.pending == 3
     line = p.line()
@@ -130,9 +131,19 @@ def test_progress_serves_each_worker_in_turn_from_the_round_before_its_record_an
     assert (line["swarm/rounds_done_min"], line["swarm/rounds_done_max"]) == (1, 7)
     assert p.line()["swarm/reward_mean"] is None and p.pending == 0  # forgotten once written
     rounds["slow"] = 30  # a record past the last round: its last round, never beyond
-    assert p.target({"slow"}, rounds) == 9
+    assert p.target({"slow"}, rounds, both) == 9
     assert p.add(9, {"slow": reward("slow", 9, 1.0)}) == ["slow"]
-    assert p.target({"slow"}, rounds) is None  # done: no listing for it any more
+    assert p.target({"slow"}, rounds, both) is None  # done: no listing for it any more
+
+
+def test_a_worker_no_longer_live_gets_one_listing_for_the_round_its_last_record_names():
+    p = SwarmProgress(max_rounds=10)
+    rounds: dict[str, int | None] = {"gone": 4, "on": 2}
+    assert p.target({"gone", "on"}, rounds, frozenset({"on"})) == 4  # it may have played round 4: looked at once
+    assert p.target({"gone", "on"}, rounds, frozenset({"on"})) == 1
+    assert p.target({"gone", "on"}, rounds, frozenset({"on"})) == 1  # only the live one now, its reward not in yet
+    rounds["gone"] = 5  # back, and further (a record read again)
+    assert p.target({"gone", "on"}, rounds, frozenset({"on"})) == 5
 
 
 # -- against a real folder -----------------------------------------------------------------
@@ -191,11 +202,12 @@ def test_an_async_coordinator_lists_one_reward_folder_a_pass_and_counts_only_val
     )
     (tmp_path / layout.reward_file(29, 0, "w2")).write_bytes(b'{"kind":"reward"' + b" " * 10_000_000 + b"}")
     Exchange(LocalStorage(tmp_path), layout, "ghost", run).write_reward(reward("ghost", 29, 1.0, run))
-    assert c.observe(0.0) == {"w1", "w2", "w3"}
+    live = c.observe(0.0)
+    assert live == {"w1", "w2", "w3"}
 
     lists = c.exchange.stats["lists"]
-    c.count_progress(s)  # w1's turn: round 29, the round before the one its record says it plays
-    c.count_progress(s)  # w2's turn: round 11, where w1's file is of another run and w3's holds w2's reward
+    c.count_progress(s, live)  # w1's turn: round 29, the round before the one its record says it plays
+    c.count_progress(s, live)  # w2's turn: round 11, where w1's file is of another run and w3's holds w2's reward
     assert c.exchange.stats["lists"] - lists == 2, "one listing a pass, however many rounds were played"
     assert c.progress.rounds_done == {"w1": 30, "w2": 12}
     line = c.progress.line()
@@ -205,12 +217,12 @@ def test_an_async_coordinator_lists_one_reward_folder_a_pass_and_counts_only_val
     assert rejected == ["round_11/stage_0/w1.json", "round_11/stage_0/w3.json", "round_29/stage_0/w2.json"]
     # nothing new: a pass lists one folder still, and downloads nothing
     reads = c.exchange.stats["reads"]
-    c.count_progress(s)
+    c.count_progress(s, live)
     assert c.exchange.stats["reads"] == reads
 
 
 def test_a_live_worker_whose_round_stays_is_reported_stalled_and_no_longer_holds_the_end(tmp_path):
-    c = make_coordinator(tmp_path, COORDINATOR_WAIT_TIMEOUT=100)
+    c = make_coordinator(tmp_path, COORDINATOR_WAIT_TIMEOUT=100, LIVENESS_TIMEOUT=50)
     s = c.open_experiment().model_copy(update={"status": "running"})
     for n, now in enumerate((0.0, 50.0, 99.0, 101.0)):
         beat(tmp_path, s.run_id, "w1", n, n)  # plays on
