@@ -644,7 +644,7 @@ class Coordinator:
             self.config.coordinator_round_interval,
             self.config.min_workers,
             time.time(),
-            self.stalled_workers(live, now),
+            self.stalled_workers(live, now) if state.status == "running" else frozenset(),  # not while waiting
             self.past_deadline(),
         )
 
