@@ -31,7 +31,7 @@ from swarm_gdrive.protocol.records import (
     RolloutBatch,
     StateRecord,
     decode,
-    encode,
+    encode_checked,
 )
 from swarm_gdrive.storage import FileInfo, FileTooLargeError, Storage
 from swarm_gdrive.storage.base import (
@@ -175,7 +175,7 @@ class Exchange:
         return self._rejected.get(path)
 
     def _write(self, path: str, record: object) -> None:
-        data = encode(record)  # type: ignore[arg-type]
+        data = encode_checked(record)  # type: ignore[arg-type]
         self.storage.write_bytes(path, data)
         self.stats["writes"] += 1
         self.stats["bytes_written"] += len(data)

@@ -294,6 +294,20 @@ def encode(record: _Record) -> bytes:
     return record.model_dump_json().encode("utf-8")
 
 
+def encode_checked(record: _Record) -> bytes:
+    """:func:`encode`, read back as every reader will (the size cap aside, which the writers keep by design): a record
+    made with ``model_copy``, which does not validate, can hold a value its readers reject, as a state with an
+    unknown ``advance_reason`` once did. Raises ValueError, naming the kind and the reason, instead of writing a
+    file every node would reject."""
+    data = encode(record)
+    kind = type(record).model_fields["kind"].default
+    try:
+        _decode(data, type(record), kind)
+    except RecordError as exc:
+        raise ValueError(f"refusing to write a {kind} file its readers would reject: {exc}") from None
+    return data
+
+
 def encode_line(record: _Record) -> bytes:
     """One JSONL line."""
     return encode(record) + b"\n"

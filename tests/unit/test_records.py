@@ -26,6 +26,7 @@ from swarm_gdrive.protocol.records import (
     decode,
     decode_lines,
     encode,
+    encode_checked,
     encode_line,
 )
 
@@ -160,6 +161,26 @@ def test_round_trip(kind: str) -> None:
     raw = json.loads(data)
     assert raw["kind"] == kind
     assert raw["schema_version"] == SCHEMA_VERSION == 1
+
+
+def test_a_record_its_readers_would_reject_is_never_written(tmp_path) -> None:
+    """model_copy does not validate: a state with an advance_reason outside the schema once reached the folder and
+    every worker rejected it. The exchange's writer reads each record back as a reader would, and refuses."""
+    from swarm_gdrive.protocol.exchange import Exchange
+    from swarm_gdrive.protocol.layout import Layout
+    from swarm_gdrive.storage import LocalStorage
+
+    bad = state().model_copy(update={"advance_reason": "no_such_reason"})
+    with pytest.raises(RecordError):
+        decode(encode(bad), StateRecord)  # what a worker would make of it
+    with pytest.raises(ValueError, match="refusing to write a state file its readers would reject: .*advance_reason"):
+        encode_checked(bad)
+    exchange = Exchange(LocalStorage(tmp_path), Layout("exp1"), "coord")
+    with pytest.raises(ValueError, match="refusing to write a state file"):
+        exchange.write_state(bad)
+    assert not list(tmp_path.rglob("*.json"))  # nothing written
+    exchange.write_state(state())  # a valid one is
+    assert decode((tmp_path / Layout("exp1").state_file).read_bytes(), StateRecord) == state()
 
 
 def test_encode_is_compact_utf8() -> None:
