@@ -342,7 +342,13 @@ def build() -> list[Path]:
             EXPERIMENT_PARAMS
             + """\
 MIN_WORKERS = 2  #@param {type:"integer"}
-# Seconds before a round closes without every worker's reward; 0: 60 + 4 x SYNC_LAG.
+# How the rounds are played (the workers follow). sync: each round, every worker waits for the others' rollouts
+#   of it; no group is stale, but a slow worker or a lagging mount holds every round (a 90 s mount: 190 s a round
+#   for 1 s of work). async: each worker plays its own rounds back to back and takes the freshest peer groups it
+#   can already see (seconds to minutes old, at most MAX_STALENESS_SECONDS); nobody waits. auto: async when
+#   SYNC_LAG > 0 (auto with STORAGE = "mount"), else sync. Fixed for the experiment's life.
+ROUND_MODE = "auto"  #@param ["auto", "sync", "async"]
+# Seconds before a round closes without every worker's reward (sync); 0: 60 + 4 x SYNC_LAG.
 COORDINATOR_ROUND_INTERVAL = 0  #@param {type:"number"}
 RESET_EXPERIMENT = False  #@param {type:"boolean"}
 """
@@ -355,6 +361,7 @@ RESET_EXPERIMENT = False  #@param {type:"boolean"}
                     + LAG_ARGS
                     + """
     MIN_WORKERS=MIN_WORKERS,
+    ROUND_MODE=ROUND_MODE,
     COORDINATOR_ROUND_INTERVAL=COORDINATOR_ROUND_INTERVAL or None,
     RESET_EXPERIMENT=RESET_EXPERIMENT,
     NODE_ROLE="coordinator",

@@ -25,8 +25,21 @@ from swarm_gdrive.progress import MODES as PROGRESS_MODES
 
 ROLES = ("coordinator", "worker")
 PUBLISH_FREQUENCIES = ("generation", "stage", "round")
-#: ROUND_MODE's values: the coordinator's round clock (sync), or each worker's own rounds (async).
+#: The modes of a run: the coordinator's round clock (sync), or each worker's own rounds (async).
 ROUND_MODES = ("sync", "async")
+#: ROUND_MODE's values: a mode, or auto (:func:`auto_round_mode`).
+ROUND_MODE_CHOICES = ("auto", *ROUND_MODES)
+
+
+def auto_round_mode(gdrive_path: str, sync_lag: float) -> str:
+    """The mode ROUND_MODE=auto gives a new experiment, from measurement (bench/README.md §12): ``async`` on a folder
+    that lags (SYNC_LAG > 0: a Drive mount, Drive for desktop), where a synchronous round took 190 s for 1 s of work
+    and an asynchronous one 1 s; ``sync`` on a store every node sees at once (a local folder, the Drive API), where a
+    round's wait costs a second or two between nodes of like speed and a study's rounds stay aligned."""
+    del gdrive_path  # the same rule for every store: see bench/README.md §12
+    return "async" if sync_lag > 0 else "sync"
+
+
 WORKLOADS = ("grpo", "synthetic")
 #: PRECISION's values (training.policy.pick_precision).
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -462,13 +475,16 @@ class Config:
     )
     round_mode: str = _env(
         "ROUND_MODE",
-        "sync",
+        "auto",
         "Coordinator only (workers follow the experiment's): sync, every worker plays the coordinator's round and "
-        "waits for its peers' rollouts of it; async, each worker plays its own rounds back to back, never waiting on "
-        "another node, and takes J external groups from the freshest peer rollouts it can already see, within "
-        "MAX_STALENESS_SECONDS and MAX_STALENESS_ROUNDS. Kept for the experiment's life: a coordinator restarted with "
-        "the other value refuses to resume it.",
-        _parse_choice(ROUND_MODES),
+        "waits for its peers' rollouts of it (no staleness; a study's rounds stay aligned); async, each worker plays "
+        "its own rounds back to back, never waiting on another node, and takes J external groups from the freshest "
+        "peer rollouts it can already see, within MAX_STALENESS_SECONDS and MAX_STALENESS_ROUNDS (no idle time); "
+        "auto, async on a folder that lags (SYNC_LAG > 0: a Drive mount, Drive for desktop), sync where every node "
+        "sees a write at once (SYNC_LAG = 0: a local folder, the Drive API). Kept for the experiment's life: auto "
+        "resumes an experiment in its mode; a coordinator restarted with the other explicit value refuses to resume "
+        "it.",
+        _parse_choice(ROUND_MODE_CHOICES),
     )
     max_staleness_seconds: float = _env(
         "MAX_STALENESS_SECONDS",
@@ -839,6 +855,13 @@ class Config:
     def trackers(self) -> tuple[str, ...]:
         """REPORT_TO as a tuple of tracker names (empty for none)."""
         return () if self.report_to == "none" else tuple(self.report_to.split(","))
+
+    def resolved_round_mode(self, existing: str | None = None) -> str:
+        """The mode this coordinator plays: ROUND_MODE when set, else (auto) an existing experiment's ``existing``
+        mode, else :func:`auto_round_mode`'s for this store and SYNC_LAG."""
+        if self.round_mode != "auto":
+            return self.round_mode
+        return existing or auto_round_mode(self.gdrive_path, self.sync_lag)
 
     @property
     def is_coordinator(self) -> bool:

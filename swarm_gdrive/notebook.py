@@ -695,13 +695,18 @@ def run_study(
 ) -> dict[str, dict[str, int]]:
     """One experiment per I/J configuration, in sequence (coordinator + workers as processes).
 
-    Returns exit codes by experiment name; raises RuntimeError when a node of one failed.
+    Returns exit codes by experiment name; raises RuntimeError when a node of one failed. A study plays synchronous
+    rounds unless ``env`` sets ROUND_MODE to sync or async: its configurations are compared round by round, and its
+    nodes share one runtime's view of the folder, so ROUND_MODE=auto's async for a lagging mount does not apply.
     """
     results = {}
+    mode = env.get("ROUND_MODE", "auto").strip().lower()
+    mode = "sync" if mode in ("", "auto") else mode
     for i, j in parse_configurations(configurations):
         name = study_experiment(prefix, i, j)
-        print(f"=== {name}: I={i} local, J={j} external groups per stage, {workers} workers", flush=True)
+        print(f"=== {name}: I={i} local, J={j} external groups per stage, {workers} workers, {mode} rounds", flush=True)
         run_env = {**env, "EXPERIMENT_NAME": name, "NUM_TRAIN_SAMPLES": str(i), "NUM_TRANSPLANT_TREES": str(j)}
+        run_env["ROUND_MODE"] = mode
         codes = run_swarm(run_env, workers, timeout)
         results[name] = codes
         if any(code != 0 for code in codes.values()):

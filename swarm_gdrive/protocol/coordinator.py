@@ -26,7 +26,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from swarm_gdrive import logctx
@@ -270,10 +270,11 @@ class Coordinator:
             return self._create()
         if existing is None:
             return self._create()
-        if existing.mode != self.config.round_mode:
+        if existing.mode != self.config.resolved_round_mode(existing.mode):
             # The mode defines how the rounds were played: a record of both in one run would be neither's.
             self._reset_or_refuse(f"it was started with ROUND_MODE={existing.mode!r} (now {self.config.round_mode!r})")
             return self._create()
+        self._play_mode(existing.mode, "the experiment's mode")
         self.exchange.run_id = existing.run_id
         self._created_at = existing.created_at
         try:
@@ -345,7 +346,15 @@ class Coordinator:
         logger.warning("RESET_EXPERIMENT: moving %s to %s", self.layout.root, target)
         self.exchange.storage.move(self.layout.root, target)
 
+    def _play_mode(self, mode: str, why: str) -> None:
+        """From here on ``config.round_mode`` is the mode this run plays (ROUND_MODE=auto resolved, ``why`` says
+        how)."""
+        if self.config.round_mode == "auto":
+            logger.info("ROUND_MODE=auto: %s rounds (%s)", mode, why)
+        self.config = replace(self.config, round_mode=mode)
+
     def _create(self) -> StateRecord:
+        self._play_mode(self.config.resolved_round_mode(), f"SYNC_LAG={self.config.sync_lag:g}")
         run_id = secrets.token_hex(8)
         self.exchange.run_id = run_id
         self.exchange.prepare_experiment()  # before experiment.json, which workers wait for

@@ -385,7 +385,7 @@ class Worker:
 
     def _note_mode(self, state: StateRecord) -> None:
         """Say once, at INFO, that this worker's ROUND_MODE is not the experiment's: it follows the experiment's."""
-        if self._mode_noted or state.status != "running" or state.mode == self.config.round_mode:
+        if self._mode_noted or state.status != "running" or self.config.round_mode in (state.mode, "auto"):
             return
         self._mode_noted = True
         logger.info(

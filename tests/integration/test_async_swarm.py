@@ -17,7 +17,15 @@ from swarm_gdrive.config import from_env
 from swarm_gdrive.procs import NodeProcess, stop_all
 from swarm_gdrive.protocol.coordinator import Coordinator, ExperimentMismatchError
 from swarm_gdrive.protocol.layout import Layout
-from swarm_gdrive.protocol.records import EventRecord, MetricRecord, RewardRecord, StateRecord, decode, decode_lines
+from swarm_gdrive.protocol.records import (
+    EventRecord,
+    ExperimentRecord,
+    MetricRecord,
+    RewardRecord,
+    StateRecord,
+    decode,
+    decode_lines,
+)
 from swarm_gdrive.protocol.workload import SyntheticWorkload
 from swarm_gdrive.storage import LocalStorage
 
@@ -75,7 +83,8 @@ def test_an_async_swarm_plays_every_round_of_every_worker_once_and_finishes(tmp_
     caplog.set_level(logging.INFO, logger="swarm_gdrive.protocol.worker")
     rounds = 6
     env = env_for(tmp_path, MAX_ROUNDS=rounds, MIN_WORKERS=3, NUM_TRANSPLANT_TREES=2, SYNTHETIC_STEP_SECONDS=0.05)
-    nodes = start(env, {w: {} for w in ("w1", "w2", "w3")})
+    # w1 and w2 are given ROUND_MODE=sync, w3 keeps the default (auto): all three follow the experiment's mode.
+    nodes = start(env, {"w1": {"ROUND_MODE": "sync"}, "w2": {"ROUND_MODE": "sync"}, "w3": {}})
 
     assert join(nodes) == [0, 0, 0, 0]
 
@@ -88,9 +97,9 @@ def test_an_async_swarm_plays_every_round_of_every_worker_once_and_finishes(tmp_
         done = [e for e in events_of(tmp_path, w) if e.event == "rounds_completed"]
         assert len(done) == 1 and done[0].data["max_rounds"] == rounds
         assert not any(e.event in ("round_skipped", "worker_gave_up") for e in events_of(tmp_path, w))
-    # The workers, left with ROUND_MODE=sync, follow the experiment's mode and say so once each.
+    # The workers given ROUND_MODE=sync follow the experiment's mode and say so once each; auto says nothing.
     followed = [r for r in caplog.records if "plays asynchronous rounds" in r.getMessage()]
-    assert len(followed) == 3 and all("ROUND_MODE=sync" in r.getMessage() for r in followed)
+    assert len(followed) == 2 and all("ROUND_MODE=sync" in r.getMessage() for r in followed)
     coordinator = events_of(tmp_path, "coord")
     assert sorted(e.data["node"] for e in coordinator if e.event == "worker_completed") == ["w1", "w2", "w3"]
     assert [e.event for e in coordinator if e.event in ("round_advanced", "experiment_finished")] == [
@@ -206,6 +215,32 @@ def test_a_coordinator_restarted_with_the_other_round_mode_refuses_the_experimen
     assert state_of(tmp_path).mode == "async"  # nothing written
 
 
+def test_round_mode_auto_resumes_an_experiment_in_its_mode_and_picks_one_for_a_new_one_by_store_and_lag(
+    tmp_path, caplog
+):
+    """ROUND_MODE=auto (the default) never refuses an experiment for its mode: it resumes it in the mode it has. A
+    new experiment gets sync on a folder without lag, async on one that lags (SYNC_LAG > 0)."""
+    caplog.set_level(logging.INFO, logger="swarm_gdrive.protocol.coordinator")
+    env = env_for(tmp_path, MAX_ROUNDS=2, MIN_WORKERS=1)
+    assert join(start(env, {"w1": {}})) == [0, 0]  # an async experiment (its coordinator had ROUND_MODE=async)
+
+    config = from_env({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord", "MAX_ROUNDS": "3"})
+    assert config.round_mode == "auto" and config.resolved_round_mode() == "sync"  # what a new one would get here
+    coordinator = Coordinator(config, LocalStorage(config.gdrive_path), "coord", threading.Event())
+    state = coordinator.open_experiment()  # extended by a round: resumed, in its mode
+    assert (state.mode, state.status, coordinator.config.round_mode) == ("async", "running", "async")
+    assert "ROUND_MODE=auto: async rounds (the experiment's mode)" in caplog.text
+
+    for lag, mode in (("0", "sync"), ("5", "async")):
+        folder = tmp_path / f"new-{lag}"
+        folder.mkdir()
+        fresh = {**env_for(folder, SYNC_LAG=lag, LIVENESS_TIMEOUT=20), "NODE_ROLE": "coordinator", "NODE_ID": "coord"}
+        coordinator = Coordinator(from_env(fresh), LocalStorage(folder), "coord", threading.Event())
+        assert coordinator.open_experiment().mode == mode
+        assert decode((folder / LAYOUT.experiment_file).read_bytes(), ExperimentRecord).mode == mode
+        assert f"ROUND_MODE=auto: {mode} rounds (SYNC_LAG={lag})" in caplog.text
+
+
 def test_a_coordinator_that_lost_the_state_of_an_async_run_recovers_it_from_the_workers_rewards(tmp_path):
     """The state file gone (a hostile or broken folder): the restarted coordinator resumes the run as running (not
     finished on the newest reward alone, as a synchronous recovery would) and finishes it by the rewards."""
@@ -242,7 +277,8 @@ def test_an_async_swarm_of_real_processes_finishes_with_exit_codes_0(tmp_path):
     rounds = 4
     env = env_for(tmp_path, MAX_ROUNDS=rounds, MIN_WORKERS=2, NUM_TRANSPLANT_TREES=1, SYNTHETIC_STEP_SECONDS=0.1)
     nodes = [NodeProcess("coord", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord", "ROUND_MODE": "async"})]
-    nodes += [NodeProcess(w, {**env, "NODE_ROLE": "worker", "NODE_ID": w}) for w in ("w1", "w2")]
+    # given ROUND_MODE=sync, so that following the experiment's mode shows in their logs
+    nodes += [NodeProcess(w, {**env, "NODE_ROLE": "worker", "NODE_ID": w, "ROUND_MODE": "sync"}) for w in ("w1", "w2")]
     try:
         codes = [n.wait(timeout=120) for n in nodes]
     finally:

@@ -210,7 +210,7 @@ def test_defaults(base: dict[str, str], tmp_path: Path, monkeypatch: pytest.Monk
         "num_stages": 1,
         "min_workers": 1,
         "sync_lag": 0.0,
-        "round_mode": "sync",
+        "round_mode": "auto",
         "max_staleness_seconds": 1800.0,
         "max_staleness_rounds": 0,
         "coordinator_round_interval": 60.0,
@@ -317,7 +317,7 @@ def test_unknown_role(base: dict[str, str]) -> None:
     ("var", "raw", "choices"),
     [
         ("ROLLOUT_PUBLISH_FREQUENCY", "hourly", "generation, stage, round"),
-        ("ROUND_MODE", "both", "sync, async"),
+        ("ROUND_MODE", "both", "auto, sync, async"),
         ("WORKLOAD", "reasoning", "grpo, synthetic"),
         ("LOSS_TYPE", "ppo", "grpo, bnpo, dr_grpo, dapo"),
         ("SCALE_REWARDS", "std", "group, batch, none"),
@@ -694,3 +694,26 @@ def test_lora_target_modules_must_be_all_linear_or_module_names(base: dict[str, 
 def test_device_accepts_mps_and_names_it_when_wrong(base: dict[str, str]) -> None:
     assert from_env({**base, "DEVICE": " MPS "}).device == "mps"
     assert "mps (Apple silicon)" in str(config_error({**base, "DEVICE": "metal"}))
+
+
+@pytest.mark.parametrize(
+    ("path", "lag", "mode"),
+    [
+        ("/content/drive/MyDrive/rl-swarm", 0.0, "sync"),  # a local folder that does not lag
+        ("/content/drive/MyDrive/rl-swarm", 90.0, "async"),  # a Drive mount, Drive for desktop
+        ("gdrive://1AbC/rl-swarm", 0.0, "sync"),  # the Drive API: every node sees a write at once
+        ("s3://bucket/rl-swarm", 30.0, "async"),
+    ],
+)
+def test_round_mode_auto_is_async_where_the_folder_lags(path: str, lag: float, mode: str) -> None:
+    from swarm_gdrive.config import auto_round_mode
+
+    assert auto_round_mode(path, lag) == mode
+
+
+def test_an_explicit_round_mode_wins_and_auto_keeps_an_existing_experiments(base: dict[str, str]) -> None:
+    auto = from_env({**base, "SYNC_LAG": "90"})
+    assert auto.round_mode == "auto"
+    assert (auto.resolved_round_mode(), auto.resolved_round_mode("sync")) == ("async", "sync")
+    explicit = from_env({**base, "SYNC_LAG": "90", "ROUND_MODE": "sync"})
+    assert (explicit.resolved_round_mode(), explicit.resolved_round_mode("async")) == ("sync", "sync")

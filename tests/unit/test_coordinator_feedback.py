@@ -32,6 +32,7 @@ def config(folder: Path, **extra: object):
         "HEARTBEAT_INTERVAL": "1",
         "POLL_INTERVAL_MIN": "0.02",
         "POLL_INTERVAL_MAX": "0.1",
+        "ROUND_MODE": "sync",  # the round clock's feedback, also on a folder that lags (auto: async there)
     }
     return from_env({**env, **{k: str(v) for k, v in extra.items()}})
 

@@ -406,3 +406,14 @@ def test_in_api_mode_the_install_cell_reads_package_source_through_the_drive_api
         with pytest.raises(ValueError, match=r"GDRIVE_API_URL='http://proxy.example.com/': use https://"):
             exec(code, {**scope, "STORAGE": "api", "EXTRA_ENV": {"GDRIVE_API_URL": "http://proxy.example.com/"}})
         assert len(emu.authorizations) == calls
+
+
+@pytest.mark.parametrize(("given", "played"), [(None, "sync"), ("auto", "sync"), ("async", "async"), ("sync", "sync")])
+def test_a_study_plays_synchronous_rounds_unless_told_otherwise(monkeypatch, given, played):
+    """The configurations of a study are compared round by round: ROUND_MODE=auto (async where SYNC_LAG > 0, as on
+    a mount) gives way to sync; an explicit mode is kept."""
+    seen = []
+    monkeypatch.setattr(notebook, "run_swarm", lambda env, workers, timeout: seen.append(env) or {"coordinator": 0})
+    env = {"GDRIVE_PATH": "/x", "SYNC_LAG": "90"} | ({"ROUND_MODE": given} if given else {})
+    notebook.run_study(env, "8/0,4/4", 2, "sapo", 60)
+    assert [(e["EXPERIMENT_NAME"], e["ROUND_MODE"]) for e in seen] == [("sapo-i8-j0", played), ("sapo-i4-j4", played)]
