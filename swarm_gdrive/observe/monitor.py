@@ -847,13 +847,16 @@ def _external_worker_table(snapshot: Snapshot) -> str:
 
 
 def summary_table(storage: Storage, experiment: str) -> str:
-    """Reward per worker per round, with external groups used, from the experiment's reward files."""
+    """Reward per worker per round, with external groups used, from the experiment's reward files; in an asynchronous
+    experiment a column is each worker's own round (the same number is not the same moment)."""
     exchange = Exchange(storage, Layout(experiment), "summary")
+    record = exchange.read_experiment()
+    label = "own round" if record is not None and record.mode == "async" else "round"
     rows: dict[str, dict[int, str]] = {}
     for row in reward_rows(exchange):
         rows.setdefault(row["node"], {})[row["round"]] = f"{row['reward']:.3f} ({row['external_groups']} ext)"
     rounds = sorted({r for cells in rows.values() for r in cells})
-    header = ["node"] + [f"round {r}" for r in rounds]
+    header = ["node"] + [f"{label} {r}" for r in rounds]
     lines = [header] + [[node] + [cells.get(r, "-") for r in rounds] for node, cells in sorted(rows.items())]
     widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in lines)

@@ -295,3 +295,24 @@ def test_trackers_get_each_workers_own_round_and_the_staleness_keys_under_swarm(
     assert all(mapped[k] == k for k in keys if k.startswith("swarm/"))
     assert all(v.split("/")[0] in ("train", "swarm", "time", "gen", "eval") for v in mapped.values()), mapped
     assert len(set(mapped.values())) == len(mapped)
+
+
+def test_the_summary_table_heads_each_column_with_a_workers_own_round(folders):
+    """show_summary's table (the demo's and the notebooks'): one column per own round, each worker's reward there."""
+    from swarm_gdrive.observe.monitor import summary_table
+
+    table = summary_table(LocalStorage(folders["running"]), EXPERIMENT).splitlines()
+    assert table[0].split()[:3] == ["node", "own", "round"] and " round 0 " in table[0]
+    rewards = raw_rewards(folders["running"])
+    for line in table[1:]:
+        node, *cells = (c.strip() for c in line.split("  ") if c.strip())
+        played = _externals_per_round(folders["running"], node)
+        assert [c for c in cells if c != "-"] == [f"{rewards[node][r]:.3f} ({e} ext)" for r, e in played]
+
+
+def _externals_per_round(folder: Path, node: str) -> list[tuple[int, int]]:
+    out = []
+    for path in sorted((folder / LAYOUT.rewards_dir).glob(f"round_*/stage_0/{node}.json")):
+        rec = read_json(path)
+        out.append((rec["round"], rec["num_external_groups"]))
+    return sorted(out)
