@@ -6,12 +6,11 @@ Nothing here is autouse: a module asks for ``one_thread`` with ``pytestmark = py
 from __future__ import annotations
 
 import os
-import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
+from built_once import built_once
 
 #: pyproject's addopts run the suite on pytest-xdist workers, each handed the next test as it gets free
 #: (``--dist loadgroup --no-loadscope-reorder``: in collection order). These start first, longest first (from the
@@ -46,21 +45,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return next((i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
 
     items.sort(key=rank)  # stable: collection order within a rank, the same on every worker
-
-
-def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Path]) -> Path:
-    """``build(folder)`` run once per test session and shared by every xdist worker: a file lock, in the session's
-    own base temporary folder (so each run builds anew, from the code under test). Only for what tests read."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the workers' base folders are siblings inside the session's
-    target = root / f"built-once-{name}"
-    with FileLock(f"{target}.lock"):
-        if not (target / "READY").exists():
-            shutil.rmtree(target, ignore_errors=True)
-            build(target / "model")
-            (target / "READY").touch()
-    return target / "model"
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ from swarm_gdrive.protocol.tracking import tracker_key  # noqa: E402
 from swarm_gdrive.storage import LocalStorage  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conftest import built_once  # noqa: E402
+from built_once import built_once  # noqa: E402
 from swarm_threads import Node, fast_env  # noqa: E402
 
 EXPERIMENT = "async"
