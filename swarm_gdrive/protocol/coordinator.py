@@ -162,6 +162,7 @@ def decide_async(
     now: float,
     stalled: frozenset[str] = frozenset(),
     past_deadline: bool = False,
+    settling: frozenset[str] = frozenset(),
 ) -> Decision:
     """The next state of an asynchronous experiment (ROUND_MODE=async); pure. No round is ever advanced.
 
@@ -172,14 +173,16 @@ def decide_async(
     done and no live worker that joined is still playing: one that stopped, fell silent or stalled does not hold
     the end (as a synchronous round closes without it), so one that died for good or hangs cannot keep the
     experiment open. Past EXPERIMENT_DEADLINE_MINUTES (``past_deadline``) it finishes at once, ``round`` unchanged
-    (``advance_reason: deadline``): each worker ends after the round it plays. Otherwise only a change of the live
+    (``advance_reason: deadline``): each worker ends after the round it plays. ``settling``: workers that left the
+    live ones less than SYNC_LAG seconds ago; they hold the end like live ones, since on a lagging folder a worker's
+    last reward may arrive after the peer file it wrote later (``stopped``). Otherwise only a change of the live
     workers is written.
     """
     if state.status in ("finished", "waiting"):
         return _not_running(state, live, interval, min_workers, now, past_deadline)
     if past_deadline:
         return Decision(_open(state, state.round, "finished", live, interval, now, "deadline"), "deadline", True)
-    playing = (joined & live) - done - stalled
+    playing = (joined & (live | settling)) - done - stalled
     if done and not playing:
         last = max(state.round, state.max_rounds)
         return Decision(_open(state, last, "finished", live, interval, now, "finished"), "all_done", True)
@@ -612,17 +615,22 @@ class Coordinator:
         seen: tuple[frozenset[str], int] | None = None
         said = -math.inf
         live: frozenset[str] = frozenset()
+        left: dict[str, float] = {}  # worker -> when (monotonic) it left the live ones, not done
+        previous: frozenset[str] = frozenset()
         while state.status != "finished":
             state, checked, now = self._pass_start(state, checked)
             live = self._observe_peers(state, now)
             if state.status == "waiting" and len(live) < self.config.min_workers:
                 self.report_waiting(live, now)
+            left = {w: t for w, t in left.items() if w not in live} | {w: now for w in previous - live - left.keys()}
+            previous = live
+            settling = frozenset(w for w, t in left.items() if now - t < self.config.sync_lag)
             if state.status == "running":
                 self.count_progress(state, live)
-            decision = self._decide_async(state, live, now)
+            decision = self._decide_async(state, live, now, settling)
             if decision.state is not None and decision.state.status == "finished" and decision.reason == "all_done":
                 self.count_progress(state, live, state.max_rounds - 1)  # whoever else is done by now is counted so
-                decision = self._decide_async(state, live, now)
+                decision = self._decide_async(state, live, now, settling)
             if decision.state is not None:
                 self.exchange.write_state(decision.state)
                 if decision.state.status != state.status:
@@ -644,7 +652,9 @@ class Coordinator:
                 self.stop.wait(max(backoff.next(), 0.01))
         self._drain_async(state, live)
 
-    def _decide_async(self, state: StateRecord, live: frozenset[str], now: float) -> Decision:
+    def _decide_async(
+        self, state: StateRecord, live: frozenset[str], now: float, settling: frozenset[str] = frozenset()
+    ) -> Decision:
         return decide_async(
             state,
             live,
@@ -655,6 +665,7 @@ class Coordinator:
             time.time(),
             self.stalled_workers(live, now) if state.status == "running" else frozenset(),  # not while waiting
             self.past_deadline(),
+            settling,
         )
 
     def count_progress(self, state: StateRecord, live: frozenset[str], round_: int | None = None) -> None:

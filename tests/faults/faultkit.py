@@ -232,6 +232,8 @@ class Swarm:
     extra: dict[str, dict[str, str]] = field(default_factory=dict)
     procs: list[NodeProcess] = field(default_factory=list)
     sink: Callable[[str], None] | None = None
+    #: ROUND_MODE, given to the coordinator only: the workers follow the experiment's mode (§5.10).
+    round_mode: str = "sync"
 
     def __post_init__(self) -> None:
         if self.sink is None:  # every node's output, interleaved, beside the folder: for post-mortems
@@ -249,6 +251,7 @@ class Swarm:
         env = {**self.env, "NODE_ID": node, **self.extra.get(name, {}), **more}
         if node == "coord":
             env["NODE_ROLE"] = "coordinator"
+            env.setdefault("ROUND_MODE", self.round_mode)
         proc = NodeProcess(name, env, self.sink)
         self.procs.append(proc)
         return proc
@@ -311,11 +314,30 @@ def played_rounds(folder: Path, node: str, after: float = 0.0, torn_ok: bool = F
     return [m.round for m in metrics(folder, node, torn_ok) if m.ts > after and "swarm/peers_read" in m.values]
 
 
-def assert_swarm_finished(folder: Path, rounds: int) -> StateRecord:
+def assert_swarm_finished(folder: Path, rounds: int, round_mode: str = "sync") -> StateRecord:
     state = read_record(folder, LAYOUT.state_file, StateRecord)
     experiment = read_record(folder, LAYOUT.experiment_file, ExperimentRecord)
     assert (state.status, state.round, state.run_id) == ("finished", rounds, experiment.run_id), state
+    assert (state.mode, experiment.mode) == (round_mode, round_mode), (state, experiment)
     return state
+
+
+def round_reached(folder: Path, round_: int, round_mode: str, node: str | None = None) -> bool:
+    """Whether round ``round_`` is being played: in sync, the state has opened it; in async (no round clock),
+    ``node`` (any worker when None or the coordinator) has submitted its reward of the round before, or, for round
+    0, the state says running."""
+    try:
+        text = (folder / LAYOUT.state_file).read_text()
+    except (OSError, ValueError):  # absent, or a planted folder or garbage there for now
+        text = ""
+    if round_mode == "sync" or round_ == 0:
+        return f'"round":{round_},' in text and '"status":"running"' in text
+    before = (folder / LAYOUT.reward_file(round_ - 1, 0, "x")).parent
+    try:
+        names = [p.name for p in before.iterdir() if not is_temporary(p.name)]
+    except OSError:
+        return False
+    return f"{node}.json" in names if node not in (None, "coord") else bool(names)
 
 
 def assert_every_round_submitted(folder: Path, node: str, rounds: range, skipped: set[int] = frozenset()) -> None:

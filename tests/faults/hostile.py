@@ -136,6 +136,22 @@ def stopped_worker(node: str, run_id: str) -> PeerRecord:
     )
 
 
+def alive_worker(node: str, run_id: str, round_: int, heartbeat: int) -> PeerRecord:
+    """A valid peer record of a live worker of this run at ``round_``: an asynchronous pickup reads its rollouts of
+    that round (and the round before), and the coordinator counts it live while the file keeps changing."""
+    now = time.time()
+    return PeerRecord(
+        node_id=node,
+        role="worker",
+        run_id=run_id,
+        registered_at=now,
+        heartbeat=heartbeat,
+        heartbeat_at=now,
+        status="alive",
+        round=round_,
+    )
+
+
 def plant_rollouts(folder: Path, layout: Layout, run_id: str, round_: int, seed: int) -> dict[str, str]:
     """Broken and hostile rollout files of one round, under registered names (a gather reads only those), and a
     valid batch of a name that never registered (``stranger``: never read); returns path -> the reason a reader

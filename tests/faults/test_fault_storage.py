@@ -27,8 +27,9 @@ from swarm_gdrive.protocol.records import decode as decode_record
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_bursts_of_eio_and_enotconn_on_every_node_lose_nothing(tmp_path):
-    injected = run_oserror_trial(tmp_path, seed=0)
+@pytest.mark.parametrize("round_mode", ["sync", "async"])
+def test_bursts_of_eio_and_enotconn_on_every_node_lose_nothing(tmp_path, round_mode):
+    injected = run_oserror_trial(tmp_path, seed=0, round_mode=round_mode)
     assert injected["EIO"] >= 10 and injected["ENOTCONN"] >= 10, injected
 
 

@@ -27,6 +27,7 @@ from faultkit import (
     read_record,
     rejections,
     rewards_present,
+    round_reached,
     skipped_rounds,
     swarm_env,
     wait_until,
@@ -54,11 +55,20 @@ class KillResult:
 
 
 def run_kill_trial(
-    tmp: Path, victim: str, point: str, round_: int, publish: str = "stage", seed: int = 0, sink=None
+    tmp: Path,
+    victim: str,
+    point: str,
+    round_: int,
+    publish: str = "stage",
+    seed: int = 0,
+    sink=None,
+    round_mode: str = "sync",
 ) -> KillResult:
     """Kill ``victim`` (``coord`` or a worker) at ``point`` of ``round_``, restart it, check everything.
 
-    ``point`` ``random`` kills it at a random moment of ``round_`` instead of a hooked point.
+    ``point`` ``random`` kills it at a random moment of ``round_`` instead of a hooked point. ``round_mode``: the
+    coordinator's ROUND_MODE; in ``async`` a round is the victim's own (any worker's for the coordinator), and the
+    coordinator's state is written at the start and at the finish only (its round 0, then MAX_ROUNDS).
     Raises AssertionError when any property fails; returns what happened otherwise.
     """
     folder = tmp / "drive"
@@ -68,7 +78,7 @@ def run_kill_trial(
     extra = {}
     if point != "random":
         extra[victim] = faults(park={"point": point, "round": round_, "dir": str(marker)})
-    swarm = Swarm(folder, env, WORKERS, extra, sink=sink)
+    swarm = Swarm(folder, env, WORKERS, extra, sink=sink, round_mode=round_mode)
     torn_ok = point in ("flush", "random")  # a kill mid-append may leave one partial line in the victim's logs
     logs = {LAYOUT.metrics_file(victim), LAYOUT.events_file(victim)}
     watcher = Watcher(folder, torn_ok=logs if torn_ok else set())
@@ -78,7 +88,7 @@ def run_kill_trial(
         swarm.start_all()
         proc = swarm.procs[0] if victim == "coord" else swarm.procs[1 + WORKERS.index(victim)]
         if point == "random":
-            _kill_at_random(swarm, proc, victim, round_, random.Random(seed))
+            _kill_at_random(swarm, proc, victim, round_, random.Random(seed), round_mode)
         else:
             assert kill_parked(swarm, proc, marker) == point
         killed_at = time.time()
@@ -92,7 +102,7 @@ def run_kill_trial(
     expected = {p.name: 0 for p in swarm.procs if p is not proc}
     assert codes == expected, f"exit codes {codes}\n{swarm.tails()}"
     watcher.assert_clean()
-    assert_swarm_finished(folder, ROUNDS)
+    assert_swarm_finished(folder, ROUNDS, round_mode)
     assert not leftovers(folder), f"temporaries left behind: {leftovers(folder)}"
     for node in ["coord", *WORKERS]:
         torn = torn_ok and node == victim
@@ -106,6 +116,11 @@ def run_kill_trial(
         assert_every_round_submitted(folder, w, range(ROUNDS), skipped)
     assert lost == 0
     resumed_at = _check_restart(folder, victim, state_at_kill, killed_at, point)
+    if round_mode == "async":  # each worker its own rounds: the others played each once, the victim went on to the end
+        for w in WORKERS:
+            torn = torn_ok and w == victim
+            after = played_rounds(folder, w, after=killed_at if w == victim else 0.0, torn_ok=torn)
+            assert after == list(range(after[0] if w == victim else 0, ROUNDS)), (w, after)
     _check_cleanup(swarm, folder, victim, point)
     return KillResult(victim, point, round_, time.monotonic() - started, resumed_at, lost)
 
@@ -128,18 +143,10 @@ def _state(folder: Path) -> StateRecord | None:
         return None
 
 
-def _kill_at_random(swarm: Swarm, proc, victim: str, round_: int, rng: random.Random) -> None:
-    """SIGKILL at a random moment after round ``round_`` opened (0-0.6 s in; a round takes about a second)."""
-    state = swarm.path(LAYOUT.state_file)
-
-    def opened() -> bool:
-        try:
-            text = state.read_text()
-        except (OSError, ValueError):  # absent, or a planted folder or garbage there for now
-            return False
-        return f'"round":{round_},' in text and '"status":"running"' in text
-
-    wait_until(opened, 90, f"round {round_}", swarm.procs)
+def _kill_at_random(swarm: Swarm, proc, victim: str, round_: int, rng: random.Random, round_mode: str = "sync") -> None:
+    """SIGKILL at a random moment after round ``round_`` opened (0-0.6 s in; a round takes about a second); in
+    async, after ``victim`` (any worker, for the coordinator) began its round ``round_``."""
+    wait_until(lambda: round_reached(swarm.folder, round_, round_mode, victim), 90, f"round {round_}", swarm.procs)
     time.sleep(rng.uniform(0.0, 0.6))  # the randomised kill moment itself, not a synchronisation
     proc.kill()
 
@@ -184,9 +191,10 @@ def _check_restart(folder: Path, victim: str, state_at_kill: StateRecord | None,
     return after[0]
 
 
-def run_oserror_trial(tmp: Path, seed: int, sink=None) -> Counter[str]:
+def run_oserror_trial(tmp: Path, seed: int, sink=None, round_mode: str = "sync") -> Counter[str]:
     """Every node's local backend fails about one call in 12, in bursts of 1-4 calls (within the retry
-    budget), with EIO or ENOTCONN; the swarm must finish with nothing lost. Returns the errors injected."""
+    budget), with EIO or ENOTCONN; the swarm (the coordinator's ROUND_MODE ``round_mode``) must finish with nothing
+    lost. Returns the errors injected."""
     folder = tmp / "drive"
     folder.mkdir(parents=True)
     injected = tmp / "injected"
@@ -196,7 +204,7 @@ def run_oserror_trial(tmp: Path, seed: int, sink=None) -> Counter[str]:
         node: faults(oserror={"every": 12, "burst": 1 + (seed + i) % 4, "seed": seed * 100 + i, "dir": str(injected)})
         for i, node in enumerate(["coord", *WORKERS])
     }
-    swarm = Swarm(folder, env, WORKERS, extra, sink=sink)
+    swarm = Swarm(folder, env, WORKERS, extra, sink=sink, round_mode=round_mode)
     watcher = Watcher(folder)
     try:
         watcher.start()
@@ -212,10 +220,11 @@ def run_oserror_trial(tmp: Path, seed: int, sink=None) -> Counter[str]:
     assert any("Transport endpoint is not connected" in line for line in retried)
     assert any("Input/output error" in line for line in retried)
     watcher.assert_clean()
-    assert_swarm_finished(folder, ROUNDS)
+    assert_swarm_finished(folder, ROUNDS, round_mode)
     assert not leftovers(folder), leftovers(folder)
     for w in WORKERS:
         assert_every_round_submitted(folder, w, range(ROUNDS))
+        assert played_rounds(folder, w) == list(range(ROUNDS)), w  # each round once, none skipped
     for node in ["coord", *WORKERS]:
         assert not rejections(folder, node)
         metrics(folder, node)

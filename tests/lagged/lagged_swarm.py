@@ -1,6 +1,9 @@
 """A coordinator and workers as real processes, each on its own replica of a :class:`LaggedMount`, and the
 figures of the run: rounds completed, external groups asked vs received per worker and round, rounds closed on
 the deadline, round durations, skipped rounds, and which rewards the coordinator's replica held when it exited.
+An asynchronous run (``ROUND_MODE=async`` on the coordinator, GDRIVE_IMPLEMENTATION.md §5.10) has no rounds of the
+coordinator: its figures are each worker's own rounds and their seconds, the workers the coordinator saw done, and
+the age and staleness of the external groups taken.
 
 Used by ``test_lagged_swarm.py`` (CI) and ``run_lagged_swarm.py`` (the long runs, as a script).
 """
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,6 +43,8 @@ class SwarmSpec:
     #: More variables for every node (explicit timeouts, for a run without SYNC_LAG).
     env: dict[str, str] = field(default_factory=dict)
     timeout: float = 3600.0
+    #: ROUND_MODE, given to the coordinator only (the workers follow the experiment's mode).
+    round_mode: str = "sync"
 
     @property
     def workers(self) -> list[str]:
@@ -81,6 +87,8 @@ def node_env(spec: SwarmSpec, mount: LaggedMount, node: str, local: Path) -> dic
         "POLL_INTERVAL_MIN": "0.2",
         "POLL_INTERVAL_MAX": "2",
     }
+    if node == COORDINATOR and spec.round_mode != "sync":
+        env["ROUND_MODE"] = spec.round_mode
     return {**env, **spec.env}
 
 
@@ -95,19 +103,35 @@ class Outcome:
     coordinator_events: list[EventRecord]
     coordinator_metrics: list[MetricRecord]
     worker_events: dict[str, list[EventRecord]]
+    worker_metrics: dict[str, list[MetricRecord]]
     rewards: dict[str, dict[int, RewardRecord]]  # worker -> round -> its reward, from its own replica
     coordinator_has: dict[str, set[int]]  # worker -> rounds whose reward the coordinator's replica held at its exit
     mount: dict
+
+    @property
+    def mode(self) -> str:
+        """The run's ROUND_MODE, as its coordinator recorded it (state, else its ``round_opened`` event)."""
+        if self.state is not None:
+            return self.state.mode
+        opened = self.events("round_opened")
+        return str(opened[0].data.get("mode", "sync")) if opened else "sync"
 
     def events(self, name: str, node: str = COORDINATOR) -> list[EventRecord]:
         source = self.coordinator_events if node == COORDINATOR else self.worker_events.get(node, [])
         return [e for e in source if e.event == name]
 
     def closes(self) -> list[EventRecord]:
-        """The coordinator's round-closing events, one per round played."""
+        """The coordinator's round-closing events, one per round played (none in an asynchronous run, whose
+        ``experiment_finished`` closes no round)."""
+        if self.mode == "async":
+            return []
         return [e for e in self.coordinator_events if e.event in ("round_advanced", "experiment_finished")]
 
     def round_seconds(self) -> dict[int, float]:
+        """Per round of the coordinator's clock, its length; empty in an asynchronous run (see
+        :meth:`worker_round_seconds`)."""
+        if self.mode == "async":
+            return {}
         opened = {e.data["to_round"]: e.ts for e in self.coordinator_events if e.event == "round_opened"}
         out = {}
         for close in self.closes():
@@ -118,11 +142,51 @@ class Outcome:
         return out
 
     def counted(self) -> dict[int, int]:
-        """Per round: rewards the coordinator counted, at the close plus late ones (``late_submission``)."""
+        """Per round: rewards the coordinator counted, at the close plus late ones (``late_submission``); empty in
+        an asynchronous run, where the coordinator counts workers done (:meth:`done`)."""
         out = {e.round: int(e.data["submitted"]) for e in self.closes()}
         for late in self.events("late_submission"):
             out[late.round] = out.get(late.round, 0) + 1
         return out
+
+    def done(self) -> list[str]:
+        """The workers the coordinator saw play their last round (``worker_completed``, asynchronous runs)."""
+        return sorted(str(e.data["node"]) for e in self.events("worker_completed"))
+
+    def worker_round_seconds(self) -> dict[str, dict[int, float]]:
+        """worker -> round R >= 1 -> seconds between its rewards of R - 1 and R (its own clock: one machine here)."""
+        out: dict[str, dict[int, float]] = {}
+        for w, by_round in self.rewards.items():
+            out[w] = {
+                r: rec.submitted_at - by_round[r - 1].submitted_at for r, rec in by_round.items() if r - 1 in by_round
+            }
+        return out
+
+    def taken(self) -> dict[str, list[dict]]:
+        """worker -> every external group it trained on, from its ``externals_taken`` events (asynchronous runs):
+        source, source_round, group_id, age_s, staleness_rounds and the receiver's round."""
+        out: dict[str, list[dict]] = {}
+        for w in self.spec.workers:
+            out[w] = [
+                {"round": e.round, "source": s, "source_round": sr, "group_id": g, "age_s": a, "staleness_rounds": st}
+                for e in self.events("externals_taken", w)
+                for s, sr, g, a, st in zip(
+                    e.data["sources"],
+                    e.data["source_rounds"],
+                    e.data["group_ids"],
+                    e.data["age_s"],
+                    e.data["staleness_rounds"],
+                    strict=True,
+                )
+            ]
+        return out
+
+    def stages_played(self) -> dict[str, list[int]]:
+        """worker -> the round of each stage it played (its stage metric lines), in the order written."""
+        return {
+            w: [m.round for m in self.worker_metrics.get(w, []) if "swarm/external_used" in m.values]
+            for w in self.spec.workers
+        }
 
     def skipped(self) -> dict[str, list[int]]:
         return {
@@ -148,7 +212,10 @@ class Outcome:
         got = sum(g for row in external.values() for _, g in row.values())
         full = sum(1 for row in external.values() for a, g in row.values() if g >= a)
         durations = self.round_seconds()
+        per_worker = self.worker_round_seconds()
+        taken = [g for groups in self.taken().values() for g in groups]
         return {
+            "mode": self.mode,
             "seed": self.spec.seed,
             "lags": {n: [lag.low, lag.high] for n, lag in self.spec.lags.items()},
             "sync_lag": self.spec.declared_lag,
@@ -171,8 +238,23 @@ class Outcome:
             "external_received": f"{got}/{asked}",
             "worker_rounds_with_all_external": f"{full}/{sum(len(row) for row in external.values())}",
             "rollout_wait_expired": {w: len(self.events("rollout_wait_expired", w)) for w in self.spec.workers},
+            "workers_done": self.done(),
+            "worker_round_seconds_mean": {
+                w: round(sum(s.values()) / len(s), 2) if s else None for w, s in sorted(per_worker.items())
+            },
+            "worker_round_seconds_max": {
+                w: round(max(s.values()), 2) if s else None for w, s in sorted(per_worker.items())
+            },
+            "externals_taken": len(taken),
+            "external_age_s_median": _median([g["age_s"] for g in taken]),
+            "external_staleness_rounds_median": _median([g["staleness_rounds"] for g in taken]),
+            "external_staleness_rounds_max": max((g["staleness_rounds"] for g in taken), default=None),
             "mount": self.mount,
         }
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 2) if values else None
 
 
 def _read_log(folder: Path, path: str, model) -> list:
@@ -235,6 +317,7 @@ def run(spec: SwarmSpec, folder: Path, progress: bool = False) -> Outcome:
         coordinator_events=_read_log(home, LAYOUT.events_file(COORDINATOR), EventRecord),
         coordinator_metrics=_read_log(home, LAYOUT.metrics_file(COORDINATOR), MetricRecord),
         worker_events={w: _read_log(mount.replica(w), LAYOUT.events_file(w), EventRecord) for w in spec.workers},
+        worker_metrics={w: _read_log(mount.replica(w), LAYOUT.metrics_file(w), MetricRecord) for w in spec.workers},
         rewards={w: _rewards(mount.replica(w), w, spec.rounds) for w in spec.workers},
         coordinator_has=coordinator_has,
         mount=mount.summary(),
