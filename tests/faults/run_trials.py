@@ -20,6 +20,10 @@ folder and injects one fault chosen at random from the seed:
   was not killed exiting 1, a reader raising), lost submissions, bytes written outside the folder, nodes unable
   to restart (the restarted node, then every node once the run is over, must exit 0).
 
+``--round-mode async`` gives the coordinator ROUND_MODE=async (GDRIVE_IMPLEMENTATION.md §5.10): each worker plays
+its own rounds, a kill's round is the victim's own (any worker's for the coordinator), and the coordinator is
+killed mid its finishing state write or at a random moment.
+
 Every trial checks the suite's properties (tests/faults/trials.py): survivors exit 0; no reader ever saw a
 partial file; every submission of a live worker is in the folder; the restarted node resumed where it
 stopped; no honest file was rejected; no temporary file is left. The table (and ``summary.json`` under
@@ -54,13 +58,14 @@ from trials import (  # noqa: E402
 
 PUBLISH = ("generation", "stage", "round")
 KINDS = ("worker", "coordinator", "oserror", "mixed")
+ASYNC_COORDINATOR_POINTS = ("state", "random")
 
 
-def mixed_trial(rng: random.Random, tmp: Path, classes: list[str]) -> dict:
+def mixed_trial(rng: random.Random, tmp: Path, classes: list[str], round_mode: str = "sync") -> dict:
     """One mixed trial (a hostile class and a kill); its record, with the four counts of issue 14."""
     cls, seed = rng.choice(classes), rng.randrange(2**31)
     try:
-        r = run_mixed_trial(tmp, cls, seed)
+        r = run_mixed_trial(tmp, cls, seed, round_mode=round_mode)
     except Exception:  # noqa: BLE001 - a broken trial is reported, and the run goes on
         return {
             "fault": f"mixed: {cls}",
@@ -92,22 +97,25 @@ def mixed_trial(rng: random.Random, tmp: Path, classes: list[str]) -> dict:
     }
 
 
-def one_trial(kind: str, rng: random.Random, tmp: Path) -> dict:
+def one_trial(kind: str, rng: random.Random, tmp: Path, round_mode: str = "sync") -> dict:
     """Run one randomised trial; returns its record (``ok`` False with the reason when a property failed)."""
     seed = rng.randrange(2**31)
+    mode = {"round_mode": round_mode}
     if kind == "worker":
         point, round_ = rng.choice(WORKER_POINTS), rng.randrange(ROUNDS - 1)
         victim, publish = rng.choice(WORKERS), rng.choice(PUBLISH)
         record = {"fault": f"worker SIGKILL mid {point}", "victim": victim, "round": round_, "publish": publish}
-        run = lambda: run_kill_trial(tmp, victim, point, round_, publish, seed)  # noqa: E731
+        run = lambda: run_kill_trial(tmp, victim, point, round_, publish, seed, **mode)  # noqa: E731
     elif kind == "coordinator":
-        point = rng.choice(COORDINATOR_POINTS)
+        # An async coordinator writes its state at the start and at the finish only, and no round of its own.
+        point = rng.choice(COORDINATOR_POINTS if round_mode == "sync" else ASYNC_COORDINATOR_POINTS)
         round_ = rng.randrange(1, ROUNDS + 1) if point == "state" else rng.randrange(ROUNDS - 1)
+        round_ = ROUNDS if point == "state" and round_mode == "async" else round_
         record = {"fault": f"coordinator SIGKILL mid {point}", "victim": "coord", "round": round_}
-        run = lambda: run_kill_trial(tmp, "coord", point, round_, "stage", seed)  # noqa: E731
+        run = lambda: run_kill_trial(tmp, "coord", point, round_, "stage", seed, **mode)  # noqa: E731
     else:
         record = {"fault": "EIO/ENOTCONN bursts (local backend)"}
-        run = lambda: run_oserror_trial(tmp, seed)  # noqa: E731
+        run = lambda: run_oserror_trial(tmp, seed, **mode)  # noqa: E731
     record["seed"] = seed
     started = time.monotonic()
     try:
@@ -162,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--classes", default=",".join(CLASSES), help="mixed trials: the hostile classes to draw from (default: all)"
     )
+    parser.add_argument(
+        "--round-mode", choices=("sync", "async"), default="sync", help="the coordinator's ROUND_MODE (default sync)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="folder for trials.jsonl, summary.json, summary.md")
     parser.add_argument("--keep", action="store_true", help="keep the folders of failed trials (printed)")
     args = parser.parse_args(argv)
@@ -178,7 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     for kind in kinds:
         for i in range(args.trials):
             tmp = Path(tempfile.mkdtemp(prefix=f"fault-{kind}-{i}-"))
-            record = mixed_trial(rng, tmp, classes) if kind == "mixed" else one_trial(kind, rng, tmp)
+            if kind == "mixed":
+                record = mixed_trial(rng, tmp, classes, args.round_mode)
+            else:
+                record = one_trial(kind, rng, tmp, args.round_mode)
             records.append(record)
             status = "ok  " if record["ok"] else "FAIL"
             detail = {k: v for k, v in record.items() if k not in ("fault", "ok", "error", "injected", *COUNTS)}
@@ -193,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-        (args.out / "summary.json").write_text(json.dumps({"seed": args.seed, "rows": rows}, indent=1))
+        summary = {"seed": args.seed, "round_mode": args.round_mode, "rows": rows}
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
         (args.out / "summary.md").write_text(table(rows) + "\n")
     return 0 if all(r["ok"] for r in records) else 1
 

@@ -319,9 +319,11 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     return out
 
 
-def run_mixed_trial(tmp: Path, cls: str, seed: int, sink=None) -> MixedResult:
+def run_mixed_trial(tmp: Path, cls: str, seed: int, sink=None, round_mode: str = "sync") -> MixedResult:
     """A swarm of real processes (coordinator, 3 workers, 4 rounds); a hostile file of class ``cls`` (see
     hostile_mix.CLASSES) planted at a random moment, and a random node SIGKILLed at another and restarted.
+    ``round_mode``: the coordinator's ROUND_MODE; in async, "round R" is a round of the victim (any worker's, for the
+    coordinator and for the planter).
 
     Never raises for a property of the swarm: every failure is in the result (``ok`` False).
     """
@@ -347,7 +349,7 @@ def run_mixed_trial(tmp: Path, cls: str, seed: int, sink=None) -> MixedResult:
     )
     # Every draw is made here, before the threads start: a trial is reproducible from its seed.
     plant_rng, kill_rng, plant_delay = random.Random(rng.random()), random.Random(rng.random()), rng.uniform(0, 0.8)
-    swarm = Swarm(folder, env, WORKERS, sink=sink)
+    swarm = Swarm(folder, env, WORKERS, sink=sink, round_mode=round_mode)
     watcher = MixedWatcher(folder, torn_ok={LAYOUT.metrics_file(victim), LAYOUT.events_file(victim)})
     started = time.monotonic()
     planter: Planter | None = None
@@ -359,14 +361,14 @@ def run_mixed_trial(tmp: Path, cls: str, seed: int, sink=None) -> MixedResult:
         run_id = read_record(folder, LAYOUT.experiment_file, ExperimentRecord).run_id
 
         def scene_for(round_: int) -> Scene:
-            _wait_for_round(swarm, round_)
+            _wait_for_round(swarm, round_, round_mode)
             return Scene(folder, outside, tmp, swarm, run_id, round_, WORKERS, spare, plant_rng)
 
         planter = Planter(scene_for, cls, result.plant_round, plant_delay)
         planter.start()
         proc = swarm.procs[0] if victim == "coord" else swarm.procs[1 + WORKERS.index(victim)]
         try:
-            _kill_at_random(swarm, proc, victim, result.kill_round, kill_rng)
+            _kill_at_random(swarm, proc, victim, result.kill_round, kill_rng, round_mode)
             killed = (time.time(), _state_or_none(folder), {w: _rewards(folder, w) for w in WORKERS})
             swarm.start(f"{victim}#2", node=victim)
         except (AssertionError, OSError, ValueError) as exc:  # the swarm broke down before the kill
@@ -381,7 +383,7 @@ def run_mixed_trial(tmp: Path, cls: str, seed: int, sink=None) -> MixedResult:
     planted = planter.planted or Planted(f"{cls} (not planted: {planter.error or 'the run ended first'})")
     result.planted = planted.what
     _judge_exits(result, codes, swarm, planted)
-    _judge(result, "files", lambda: _judge_files(result, folder, watcher, planted, victim, killed))
+    _judge(result, "files", lambda: _judge_files(result, folder, watcher, planted, victim, killed, round_mode))
     if killed is not None and not result.unable_to_restart:
         try:
             _check_restart(folder, victim, killed[1], killed[0], "random")
@@ -418,17 +420,8 @@ def _wait_all(result: MixedResult, swarm: Swarm, timeout: float) -> dict[str, in
     return codes
 
 
-def _wait_for_round(swarm: Swarm, round_: int) -> None:
-    state = swarm.path(LAYOUT.state_file)
-
-    def opened() -> bool:
-        try:
-            text = state.read_text()
-        except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
-            return False
-        return f'"round":{round_},' in text and '"status":"running"' in text
-
-    wait_until(opened, 90, f"round {round_}", swarm.procs)
+def _wait_for_round(swarm: Swarm, round_: int, round_mode: str = "sync") -> None:
+    wait_until(lambda: round_reached(swarm.folder, round_, round_mode), 90, f"round {round_}", swarm.procs)
 
 
 def _judge_exits(result: MixedResult, codes: dict[str, int], swarm: Swarm, planted: Planted) -> None:
@@ -450,14 +443,14 @@ def _judge_exits(result: MixedResult, codes: dict[str, int], swarm: Swarm, plant
 
 
 def _judge_files(
-    result: MixedResult, folder: Path, watcher: MixedWatcher, planted: Planted, victim: str, killed
+    result: MixedResult, folder: Path, watcher: MixedWatcher, planted: Planted, victim: str, killed, round_mode: str
 ) -> None:
     hostile = planted.paths
     result.problems += watcher.problems(hostile, planted.forged_states)
     left = [p for p in leftovers(folder) if not _under(p, hostile)]
     if left:
         result.problems.append(f"temporaries left behind: {left}")
-    _judge(result, "the final state", lambda: assert_swarm_finished(folder, ROUNDS))
+    _judge(result, "the final state", lambda: assert_swarm_finished(folder, ROUNDS, round_mode))
     before = killed[2] if killed is not None else {}
     for w in WORKERS:
         after = _rewards(folder, w)

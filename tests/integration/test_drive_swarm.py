@@ -1,5 +1,6 @@
 """A coordinator and 2 workers as real processes, sharing a folder through the Drive API (the emulator),
-with listing lag and bursts of rate-limit errors switched on."""
+with listing lag and bursts of rate-limit errors switched on, in both round modes (ROUND_MODE on the coordinator,
+GDRIVE_IMPLEMENTATION.md §5.10)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ import pytest
 
 from swarm_gdrive.procs import NodeProcess, stop_all
 from swarm_gdrive.protocol.layout import Layout
-from swarm_gdrive.protocol.records import MetricRecord, RewardRecord, RolloutBatch, StateRecord, decode, decode_lines
+from swarm_gdrive.protocol.records import (
+    EventRecord,
+    MetricRecord,
+    RewardRecord,
+    RolloutBatch,
+    StateRecord,
+    decode,
+    decode_lines,
+)
 from swarm_gdrive.storage.drive import DriveStorage
 from swarm_gdrive.storage.pydrive2_auth import open_pydrive2_storage
 
@@ -46,7 +55,8 @@ def swarm_env(emu: DriveEmulator, tmp_path, rounds: int = ROUNDS, workers: int =
     }
 
 
-def test_swarm_through_drive_with_lag_and_rate_limits_loses_nothing(tmp_path):
+@pytest.mark.parametrize("round_mode", ["sync", "async"])
+def test_swarm_through_drive_with_lag_and_rate_limits_loses_nothing(tmp_path, round_mode):
     with DriveEmulator() as emu:
         emu.list_lag_s = 1.0
         env = swarm_env(emu, tmp_path)
@@ -64,7 +74,8 @@ def test_swarm_through_drive_with_lag_and_rate_limits_loses_nothing(tmp_path):
                 seen = len(emu.requests)
 
         storm = threading.Thread(target=storms, daemon=True)
-        nodes = [NodeProcess("coordinator", {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator"})]
+        coordinator = {**env, "NODE_ROLE": "coordinator", "NODE_ID": "coordinator", "ROUND_MODE": round_mode}
+        nodes = [NodeProcess("coordinator", coordinator)]
         nodes += [NodeProcess(w, {**env, "NODE_ID": w}) for w in WORKERS]
         storm.start()
         try:
@@ -79,18 +90,31 @@ def test_swarm_through_drive_with_lag_and_rate_limits_loses_nothing(tmp_path):
         emu.list_lag_s = 0.0
         storage = DriveStorage(emu.root_id, "swarm", service=emu.service())
         state = decode(storage.read_bytes(LAYOUT.state_file), StateRecord)
-        assert (state.status, state.round) == ("finished", ROUNDS)
-        for round_ in range(ROUNDS):
-            for w in WORKERS:
+        assert (state.status, state.round, state.mode) == ("finished", ROUNDS, round_mode)
+        received = 0
+        for w in WORKERS:
+            external = []
+            for round_ in range(ROUNDS):
                 reward = decode(storage.read_bytes(LAYOUT.reward_file(round_, 0, w)), RewardRecord)
-                assert reward.round == round_ and reward.num_external_groups == 1
+                assert reward.round == round_
+                external.append(reward.num_external_groups)
                 batch = decode(storage.read_bytes(LAYOUT.rollout_file(round_, 0, w)), RolloutBatch)
                 assert batch.complete and len(batch.groups) == 3
-        for w in WORKERS:
             metrics, problems = decode_lines(storage.read_bytes(LAYOUT.metrics_file(w)), MetricRecord)
             assert not problems
             per_round = [m.values for m in metrics if "storage/backend_api_calls" in m.values]
             assert len(per_round) == ROUNDS and all(v["storage/backend_api_calls"] > 0 for v in per_round)
+            assert [m.round for m in metrics if "swarm/external_used" in m.values] == list(range(ROUNDS)), w
+            if round_mode == "sync":  # every round gathered its J = 1 group, waiting for the peer's batch
+                assert external == [1] * ROUNDS, (w, external)
+            else:  # never waiting: a group whenever the peer's batch was already listed, each recorded
+                events, problems = decode_lines(storage.read_bytes(LAYOUT.events_file(w)), EventRecord)
+                assert not problems
+                taken = [e.data for e in events if e.event == "externals_taken"]
+                assert max(external) <= 1 and sum(external) == len(taken), (w, external, taken)
+                assert all(d["sources"] == [next(x for x in WORKERS if x != w)] for d in taken), taken
+            received += sum(external)
+        assert received >= 1, "no worker trained on its peer's groups"
 
         files = [f for f in emu.files() if not f.get("trashed") and f["mimeType"] != FOLDER_MIME]
         duplicates = [k for k, n in Counter((tuple(f["parents"]), f["name"]) for f in files).items() if n > 1]
