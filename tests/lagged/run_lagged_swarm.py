@@ -5,7 +5,9 @@
 Every node sees the others' changes ``--min-lag``..``--max-lag`` seconds late (``--spread``: each node its own
 upper bound, see ``lagged_swarm.spread_lags``). The nodes get ``SYNC_LAG`` = the largest bound unless
 ``--sync-lag`` says otherwise (``--sync-lag 0`` runs them with the plain defaults, as before SYNC_LAG existed);
-``--set VAR=value`` gives every node an explicit variable. ``--out`` keeps the replicas, every node's output
+``--set VAR=value`` gives every node an explicit variable; ``--round-mode async`` gives the coordinator
+ROUND_MODE=async (each worker plays its own rounds; the figures then say each worker's seconds per round, the
+workers done, and the age and staleness of the external groups taken). ``--out`` keeps the replicas, every node's output
 (nodes.log), the syncer's record (mount.json) and the figures (figures.json).
 """
 
@@ -35,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step", type=float, default=1.0, help="SYNTHETIC_STEP_SECONDS: work per round")
     parser.add_argument("--sync-lag", type=float, default=None, help="SYNC_LAG for the nodes (default: --max-lag)")
     parser.add_argument("--set", action="append", default=[], metavar="VAR=value")
+    parser.add_argument("--round-mode", choices=("sync", "async"), default="sync", help="the coordinator's ROUND_MODE")
     parser.add_argument("--timeout", type=float, default=3 * 3600)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -53,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         sync_lag=args.sync_lag,
         env=dict(item.split("=", 1) for item in args.set),
         timeout=args.timeout,
+        round_mode=args.round_mode,
     )
     out = args.out or Path(tempfile.mkdtemp(prefix="lagged-swarm-"))
     outcome = run(spec, out, progress=True)
