@@ -122,6 +122,13 @@ def huge_int(scene: Scene) -> Planted:
     return Planted(f"huge_int in {where}", {_write(scene, rel, data)})
 
 
+def _last_reward(scene: Scene, node: str) -> int:
+    """The last round ``node`` has a reward file of (stage 0), -1 without one."""
+    last = int(scene.swarm.env["MAX_ROUNDS"])
+    rounds = [r for r in range(last) if (scene.folder / LAYOUT.reward_file(r, 0, node)).is_file()]
+    return max(rounds, default=-1)
+
+
 def type_confusion(scene: Scene) -> Planted:
     """A file where a folder belongs and the reverse, a FIFO for a folder, in paths nodes are about to use."""
     where = _pick(scene, ["file_for_round", "dir_for_reward", "fifo_for_round", "dir_for_state", "old_round"])
@@ -131,7 +138,8 @@ def type_confusion(scene: Scene) -> Planted:
         if not (scene.folder / rel).exists():
             _write(scene, rel, b"not a folder")
     elif where == "dir_for_reward":  # a folder where a worker's next reward file belongs
-        rel = LAYOUT.reward_file(next_round, 0, scene.spare)
+        # In async the worker plays its own rounds: it may be past the round open when the planter acts.
+        rel = LAYOUT.reward_file(max(next_round, _last_reward(scene, scene.spare) + 1), 0, scene.spare)
         (scene.folder / rel).mkdir(parents=True, exist_ok=True)
     elif where == "fifo_for_round":  # the next round's rollouts folder is a FIFO
         rel = LAYOUT.rollouts_round_dir(next_round)
