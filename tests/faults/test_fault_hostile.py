@@ -41,7 +41,7 @@ from hostile import (
     plant_rollouts,
 )
 
-from swarm_gdrive.protocol.records import ExperimentRecord, encode
+from swarm_gdrive.protocol.records import ExperimentRecord, StateRecord, encode
 from swarm_gdrive.protocol.workload import SyntheticWorkload
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -120,6 +120,14 @@ def test_hostile_files_are_rejected_with_their_reasons_and_nothing_forged_is_tra
         planted.add(LAYOUT.state_file)
         garbage = b'{"kind": "state", "round": 7, "status": "fin'
         plant_state_until_rejected(folder, garbage, "not JSON", [w1, w2], swarm.procs)
+        # Then the coordinator's own state, switched to the other round mode: never played, so no planted state
+        # can move a run's workers into the other mode.
+        other = "sync" if round_mode == "async" else "async"
+        wait_until(lambda: _readable_state(folder), 30, "the coordinator's state back", swarm.procs)
+        real = read_record(folder, LAYOUT.state_file, StateRecord)
+        switched = encode(real.model_copy(update={"mode": other, "seq": real.seq + 1}))
+        why = f"mode {other} is not experiment.json's ({round_mode})"
+        plant_state_until_rejected(folder, switched, why, [w1, w2], swarm.procs)
         if round_mode == "async":  # live "workers" from now on: the coordinator opens the run without waiting for w3
             posing = Posing(folder, run_id, POSERS)
             posing.start()
@@ -153,10 +161,12 @@ def test_hostile_files_are_rejected_with_their_reasons_and_nothing_forged_is_tra
         for path, reason in expected.items():
             assert reason in got.get(path, ""), (node, path, got.get(path))
         counts = Counter(e.data["path"] for e in events(folder, node) if e.event == "file_rejected")
+        counts.pop(LAYOUT.state_file, None)  # two plants there, each said once (below)
         assert max(counts.values()) == 1, (node, counts.most_common(3))
     for w in WORKERS:
         if w != "w3":  # w3 joined later: the coordinator had written its own state over the planted one by then
-            assert "not JSON" in rejections(folder, w)[LAYOUT.state_file]
+            said = [e.message for e in events(folder, w) if e.event == "file_rejected" and "current_state" in e.message]
+            assert "not JSON" in said[0] and "is not experiment.json's" in said[1], said
         ignored = [e.data["names"] for e in events(folder, w) if e.event == "rollouts_ignored"]
         # A valid batch of a name that never registered: unread (a pickup reads live workers' files only, by name).
         assert ignored == ([["stranger"]] * ROUNDS if round_mode == "sync" else []), ignored
@@ -165,6 +175,14 @@ def test_hostile_files_are_rejected_with_their_reasons_and_nothing_forged_is_tra
     _assert_only_real_workers_counted(folder, round_mode)
     _assert_only_verified_groups_trained(spy, 2 if round_mode == "sync" else None)
     _assert_forged_groups_dropped(folder, round_mode)
+
+
+def _readable_state(folder: Path) -> bool:
+    try:
+        read_record(folder, LAYOUT.state_file, StateRecord)
+    except (OSError, ValueError):  # the garbage planted before, still there until the coordinator writes again
+        return False
+    return True
 
 
 def _read_in(round_mode: str, for_workers: dict[str, str], for_coordinator: dict[str, str]):

@@ -31,6 +31,7 @@ from google_credentials import oauth_settings  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.drive, pytest.mark.slow]
 ROUNDS, WORKERS = 3, ("w1", "w2")
+ASYNC_ROUNDS = 5
 LAYOUT = Layout("drive-itest")
 
 
@@ -59,7 +60,12 @@ def swarm_env(emu: DriveEmulator, tmp_path, rounds: int = ROUNDS, workers: int =
 def test_swarm_through_drive_with_lag_and_rate_limits_loses_nothing(tmp_path, round_mode):
     with DriveEmulator() as emu:
         emu.list_lag_s = 1.0
-        env = swarm_env(emu, tmp_path)
+        # Async: rounds longer than the listing lag, so that a peer's last batch is listed when picked up, and more
+        # of them, since a pickup that a rate-limit storm delays (the peer's record, its batch) finds nothing.
+        rounds = ROUNDS if round_mode == "sync" else ASYNC_ROUNDS
+        env = swarm_env(emu, tmp_path, rounds=rounds)
+        if round_mode == "async":
+            env["SYNTHETIC_STEP_SECONDS"] = "1.0"
         stop_storms = threading.Event()
 
         def storms() -> None:
@@ -90,11 +96,11 @@ def test_swarm_through_drive_with_lag_and_rate_limits_loses_nothing(tmp_path, ro
         emu.list_lag_s = 0.0
         storage = DriveStorage(emu.root_id, "swarm", service=emu.service())
         state = decode(storage.read_bytes(LAYOUT.state_file), StateRecord)
-        assert (state.status, state.round, state.mode) == ("finished", ROUNDS, round_mode)
+        assert (state.status, state.round, state.mode) == ("finished", rounds, round_mode)
         received = 0
         for w in WORKERS:
             external = []
-            for round_ in range(ROUNDS):
+            for round_ in range(rounds):
                 reward = decode(storage.read_bytes(LAYOUT.reward_file(round_, 0, w)), RewardRecord)
                 assert reward.round == round_
                 external.append(reward.num_external_groups)
@@ -103,10 +109,10 @@ def test_swarm_through_drive_with_lag_and_rate_limits_loses_nothing(tmp_path, ro
             metrics, problems = decode_lines(storage.read_bytes(LAYOUT.metrics_file(w)), MetricRecord)
             assert not problems
             per_round = [m.values for m in metrics if "storage/backend_api_calls" in m.values]
-            assert len(per_round) == ROUNDS and all(v["storage/backend_api_calls"] > 0 for v in per_round)
-            assert [m.round for m in metrics if "swarm/external_used" in m.values] == list(range(ROUNDS)), w
+            assert len(per_round) == rounds and all(v["storage/backend_api_calls"] > 0 for v in per_round)
+            assert [m.round for m in metrics if "swarm/external_used" in m.values] == list(range(rounds)), w
             if round_mode == "sync":  # every round gathered its J = 1 group, waiting for the peer's batch
-                assert external == [1] * ROUNDS, (w, external)
+                assert external == [1] * rounds, (w, external)
             else:  # never waiting: a group whenever the peer's batch was already listed, each recorded
                 events, problems = decode_lines(storage.read_bytes(LAYOUT.events_file(w)), EventRecord)
                 assert not problems
