@@ -87,7 +87,7 @@ def node_env(spec: SwarmSpec, mount: LaggedMount, node: str, local: Path) -> dic
         "POLL_INTERVAL_MIN": "0.2",
         "POLL_INTERVAL_MAX": "2",
     }
-    if node == COORDINATOR and spec.round_mode != "sync":
+    if node == COORDINATOR:  # always: ROUND_MODE=auto, the default, is async wherever SYNC_LAG > 0
         env["ROUND_MODE"] = spec.round_mode
     return {**env, **spec.env}
 
