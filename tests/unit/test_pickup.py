@@ -315,7 +315,7 @@ def test_decide_async_finishes_once_no_live_worker_that_joined_is_still_playing_
     assert decide_async(state("finished"), frozenset(), joined, joined, 60.0, 1, NOW).state is None
     # w3 stopped less than SYNC_LAG ago (settling): its last reward may still be on its way, so it holds the end
     done = frozenset({"w1", "w2"})
-    assert decide_async(state(), frozenset(), joined, done, 60.0, 2, NOW, frozenset({"w3"})).state is None
+    assert decide_async(state(), frozenset(), joined, done, 60.0, 2, NOW, settling=frozenset({"w3"})).state is None
 
 
 def test_a_batch_kept_from_an_earlier_pickup_is_let_go_once_its_peer_has_moved_on(folder):
