@@ -15,7 +15,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -551,6 +551,7 @@ class Exchange:
         skipped: dict[str, str] | None = None,
         first: Collection[str] = (),
         evict_older: bool = True,
+        listed: Mapping[str, FileInfo] | None = None,
     ) -> dict[str, RolloutBatch]:
         """Valid rollout batches of a stage by node id; a file is re-read only when it changed.
 
@@ -558,13 +559,16 @@ class Exchange:
         it allows, the nodes in ``first`` before the others. ``skipped`` receives, for each listed batch left
         unread, why (:data:`NOT_ASKED`, :data:`OVER_BUDGET`). ``evict_older``: the batches of earlier rounds
         kept from earlier reads are let go (a reader of the rounds in order); False for a reader of several
-        rounds at once (the asynchronous pickup), which lets go itself (:meth:`forget_rollouts`).
+        rounds at once (the asynchronous pickup), which lets go itself (:meth:`forget_rollouts`). ``listed``: the
+        stage folder's entries by node id from an earlier :meth:`rollout_entries` (a reader that lists a folder once
+        for several reads); the folder is not listed again.
         """
         folder = self.layout.rollouts_stage_dir(round_, stage)
         self._prefetched()
         if evict_older:  # readers move forward: free older batches
             self.forget_rollouts(before_round=round_)
-        wanted, reserved = self._batches_to_read(folder, round_, exclude_self, only, budget, skipped, first)
+        entries = self._files(folder) if listed is None else ((info, node) for node, info in listed.items())
+        wanted, reserved = self._batches_to_read(entries, folder, round_, exclude_self, only, budget, skipped, first)
         before = self.stats["bytes_read"]
         batches = self._read_listed(folder, [info for info, _ in wanted], RolloutBatch)  # several at once
         if budget is not None:  # reserved by listed size; a file that grew since its listing costs the rest
@@ -594,8 +598,14 @@ class Exchange:
             if not held:
                 del self._cached_rollouts[round_]
 
+    def rollout_entries(self, round_: int, stage: int) -> dict[str, FileInfo]:
+        """The listed rollout files of a stage by node id (one listing), for :meth:`read_rollouts`'s ``listed``."""
+        self._prefetched()
+        return {node_id: info for info, node_id in self._files(self.layout.rollouts_stage_dir(round_, stage))}
+
     def _batches_to_read(
         self,
+        entries: Iterable[tuple[FileInfo, str]],
         folder: str,
         round_: int,
         exclude_self: bool,
@@ -605,7 +615,7 @@ class Exchange:
         first: Collection[str],
     ) -> tuple[list[tuple[FileInfo, str]], int]:
         """The listed batches :meth:`read_rollouts` reads (``first`` first), and the budget bytes they reserve."""
-        entries = sorted(self._files(folder), key=lambda entry: (entry[1] not in first, entry[0].name))
+        entries = sorted(entries, key=lambda entry: (entry[1] not in first, entry[0].name))
         wanted: list[tuple[FileInfo, str]] = []
         reserved = 0
         for info, node_id in entries:

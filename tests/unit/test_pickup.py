@@ -95,7 +95,7 @@ def pickup_for(folder: Folder, clock: Clock, wanted: int = 2, **kwargs) -> tuple
     """Worker ``me``'s pickup; the events it records."""
     events: list[tuple] = []
     workload = SyntheticWorkload(1, 4, 0.0)
-    settings = {"max_peers": 0, "max_age_s": 1800.0, "max_stale_rounds": 0, **kwargs}
+    settings = {"max_peers": 0, "max_age_s": 1800.0, "max_stale_rounds": 0, "listing_reuse_s": 0.0, **kwargs}
     pickup = Pickup(
         folder.exchange("me"),
         settings["max_peers"],
@@ -107,6 +107,7 @@ def pickup_for(folder: Folder, clock: Clock, wanted: int = 2, **kwargs) -> tuple
         liveness_timeout=60.0,
         peers_reuse_s=0.0,
         clock=clock,
+        **{k: v for k, v in settings.items() if k not in ("max_peers", "max_age_s", "max_stale_rounds")},
     )
     return pickup, events
 
@@ -186,7 +187,7 @@ def test_a_group_is_never_taken_twice(folder):
     assert {g for *_, g in taken} == {f"g{i}" for i in range(5)}
 
 
-def test_the_freshest_complete_batch_the_peer_record_points_at_else_the_round_before(folder):
+def test_the_freshest_complete_batch_first_then_older_ones_with_groups_left(folder):
     clock = Clock()
     folder.peer("peer", 3)  # its record says round 3, whose batch is still being written
     folder.batch("peer", 2, [group(1)], created_at=NOW - 5)
@@ -198,8 +199,9 @@ def test_the_freshest_complete_batch_the_peer_record_points_at_else_the_round_be
 
     folder.batch("peer", 3, [group(2)], created_at=NOW - 1)  # now complete
     assert [(t.source_round, t.group_id) for t in pickup.run(ctx(1)).taken] == [(3, "g2")]
-    # Round 2's group taken, round 3's too: round 1 is older than the record's round - 1, never looked at.
-    assert pickup.run(ctx(2)).taken == []
+    # Rounds 2 and 3 taken: the newest batch with something left is round 1's, then nothing is left.
+    assert [(t.source_round, t.group_id) for t in pickup.run(ctx(2)).taken] == [(1, "g3")]
+    assert pickup.run(ctx(3)).taken == []
 
 
 def test_only_live_registered_workers_are_read_and_at_most_sapo_max_peers(folder):
@@ -360,3 +362,103 @@ def test_a_store_outage_during_the_pickup_is_a_shortfall_not_a_crash(folder, mon
     monkeypatch.setattr(exchange, "read_rollouts", real)
     again = pickup.run(ctx(1))  # the peers last seen are read: the other peer's groups
     assert {t.source for t in again.taken} == {"p1", "p2"} - {t.source for t in picked.taken}
+
+
+# -- the fallback to older batches (the lagged replicas: the batches of the record's round arrive late) ----------
+
+
+def test_a_peer_whose_recorded_rounds_are_not_visible_yet_is_read_at_its_newest_older_batch_within_the_bound(folder):
+    clock = Clock()
+    folder.peer("lagged", 10)  # its record says round 10: rounds 8 to 10 have not reached this view yet
+    folder.batch("lagged", 7, [group(1), group(2)], created_at=NOW - 30)
+    folder.batch("lagged", 6, [group(3), group(4)], created_at=NOW - 31)
+    folder.batch("lagged", 2, [group(5), group(6)], created_at=NOW - 100)  # beyond MAX_STALENESS_SECONDS=60
+    pickup, _ = pickup_for(folder, clock, wanted=2, max_age_s=60.0)
+
+    picked = pickup.run(ctx(0))
+    assert sorted((t.source_round, t.group_id, t.age_s) for t in picked.taken) == [(7, "g1", 30.0), (7, "g2", 30.0)]
+
+    picked = pickup.run(ctx(1))  # round 7 has nothing left: the next older one
+    assert sorted((t.source_round, t.group_id) for t in picked.taken) == [(6, "g3"), (6, "g4")]
+
+    picked = pickup.run(ctx(2))  # round 2's batch is beyond the bound: passed over, and so is all older
+    assert picked.taken == [] and picked.stale_skipped == 1
+    reads = pickup.exchange.stats["reads"]
+    folder.batch("lagged", 1, [group(7)], created_at=NOW - 101)
+    assert pickup.run(ctx(3)).taken == [] and pickup.exchange.stats["reads"] == reads  # not even read
+
+
+def test_the_fallback_never_takes_a_group_twice_as_batches_arrive_out_of_order(folder):
+    clock = Clock()
+    folder.peer("a", 20)
+    folder.peer("b", 20)
+    pickup, _ = pickup_for(folder, clock, wanted=3)
+    arrivals = [("a", 12), ("b", 15), ("a", 18), ("b", 9), ("a", 5), ("b", 19)]  # late and in any order
+    taken = []
+    for index, (node, round_) in enumerate(arrivals):
+        folder.batch(node, round_, [group(10 * index + i) for i in range(4)], created_at=NOW - 40 + round_)
+        pickup.round_started(NOW)
+        taken += [(t.source, t.source_round, t.group_id) for t in pickup.run(ctx(index)).taken]
+    for extra in range(len(arrivals), len(arrivals) + 6):  # then whatever is left
+        taken += [(t.source, t.source_round, t.group_id) for t in pickup.run(ctx(extra)).taken]
+
+    assert len(taken) == len(set(taken)) == 4 * len(arrivals)  # every group once, none twice
+
+
+def test_one_listing_of_a_stage_folder_serves_every_peer_and_a_pickup_lists_at_most_its_cap(folder):
+    clock = Clock()
+    peers = [f"p{i}" for i in range(6)]
+    for index, node in enumerate(peers):
+        folder.peer(node, 5)  # each record says round 5; every batch of round 4 is visible
+        folder.batch(node, 4, [group(index)], created_at=NOW - 2)
+    pickup, _ = pickup_for(folder, clock, wanted=6, listing_reuse_s=60.0)
+
+    lists = pickup.exchange.stats["lists"]
+    picked = pickup.run(ctx(0))
+    assert len(picked.taken) == 6
+    listed = pickup.exchange.stats["lists"] - lists
+    assert listed <= 3 + 1  # rounds 6, 5 and 4 once each (and the peers' folder), not a listing per peer
+
+    # Lagged far behind: the newest batch visible is 30 rounds below the records' round. At most 4 folders a
+    # pickup (max_listings): the next pickups go on deeper from where the last one stopped and find it.
+    for node in peers:
+        folder.peer(node, 40, beat=2)
+    folder.batch("p0", 10, [group(50), group(51)], created_at=NOW - 30)
+    capped, _ = pickup_for(folder, clock, wanted=1, max_listings=4, listing_reuse_s=60.0)
+    found_at = None
+    for attempt in range(12):
+        before = capped.exchange.stats["lists"]
+        picked = capped.run(ctx(attempt))
+        assert capped.exchange.stats["lists"] - before <= 4 + 1  # the cap, plus the peers' folder
+        if picked.taken:
+            found_at = attempt
+            break
+    assert found_at == 7  # rounds 41 down to 10 listed 4 a pickup, newest first
+    assert [(t.source, t.source_round) for t in picked.taken] == [("p0", 10)]
+
+
+def test_a_peer_whose_record_says_no_round_yet_is_read_from_the_rounds_being_played(folder):
+    clock = Clock()
+    folder.peer("starting", None)  # registered, its first heartbeat with a round not written yet
+    folder.batch("starting", 0, [group(1)], created_at=NOW - 1)
+    pickup, _ = pickup_for(folder, clock, wanted=1)
+
+    assert [(t.source, t.source_round) for t in pickup.run(ctx(0)).taken] == [("starting", 0)]
+
+
+def test_what_is_known_of_a_peer_stays_within_its_window(folder):
+    clock = Clock()
+    folder.peer("peer", 3)
+    for round_ in range(4):
+        folder.batch("peer", round_, [group(round_)], created_at=NOW - 10 + round_)
+    pickup, _ = pickup_for(folder, clock, wanted=1, scan_rounds=4)
+    for index in range(4):
+        pickup.run(ctx(index))
+    assert {k[1] for k in pickup.taken} == {0, 1, 2, 3}
+
+    folder.peer("peer", 30, beat=2)  # moved on: rounds below 31 - 4 are out of its window
+    folder.batch("peer", 29, [group(29)], created_at=NOW - 1)
+    assert [t.source_round for t in pickup.run(ctx(5)).taken] == [29]
+    assert {k[1] for k in pickup.taken} == {29}
+    assert all(r >= 27 for r, _ in pickup._listings) and all(k[1] >= 27 for k in pickup._judged)
+    assert pickup._kept == {("peer", 0): 29}
