@@ -32,9 +32,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from bench.common import finite, machine_info, machine_line, machine_tag, markdown_table, source_version, write_result
 
@@ -471,6 +473,36 @@ def render_lagged(result: dict[str, Any]) -> list[str]:
 
 # -- figure 3: Drive emulator requests per worker round ---------------------------------------------------------
 
+FOLDER_MIME = "application/vnd.google-apps.folder"
+
+
+def request_kind(method: str, raw_path: str) -> str:
+    """What one Drive API request (the emulator's log: method and path with query) did: ``file create``, ``file
+    update``, ``folder create``, ``folder lookup <level>`` (a query for a folder by name: ``round``, ``stage`` or
+    ``other``), ``listing``, ``download``, ``delete`` or ``other``."""
+    split = urlsplit(raw_path)
+    if split.path.startswith("/upload/"):
+        return "file create" if method == "POST" else "file update"
+    if method == "DELETE":
+        return "delete"
+    if method == "POST" and split.path.rstrip("/").endswith("/files"):
+        return "folder create"
+    if method == "GET" and split.path.rstrip("/").endswith("/files"):
+        q = parse_qs(split.query).get("q", [""])[0]
+        if FOLDER_MIME in q and "name = " in q:
+            name = q.split("name = ", 1)[1].strip("'\" ").split("'", 1)[0]
+            level = "round" if name.startswith("round_") else "stage" if name.startswith("stage_") else "other"
+            return f"folder lookup {level}"
+        return "listing"
+    if method == "GET" and "alt=media" in split.query:
+        return "download"
+    return "other"
+
+
+def request_kinds(requests: Iterable[tuple[str, str]]) -> dict[str, int]:
+    """Requests by :func:`request_kind`, most frequent first."""
+    return dict(Counter(request_kind(m, p) for m, p in requests).most_common())
+
 
 def drive_run(mode: str, args: argparse.Namespace, emulator: Any, folder: Path) -> dict[str, Any]:
     """``bench.coordination``'s swarm on the Drive emulator with the coordinator's ROUND_MODE = ``mode``."""
@@ -495,6 +527,7 @@ def drive_run(mode: str, args: argparse.Namespace, emulator: Any, folder: Path) 
         for role, node in roles
     ]
     before = co.request_count(emulator)
+    logged = len(emulator.requests)
     started = time.monotonic()
     for n in nodes:
         n.start()
@@ -507,6 +540,7 @@ def drive_run(mode: str, args: argparse.Namespace, emulator: Any, folder: Path) 
         n.join(30)
     analysed = co.analyse(spec, layout, nodes[0], nodes[1:])
     requests = co.request_count(emulator) - before
+    kinds = request_kinds(emulator.requests[logged:])  # every node's, the coordinator's too
     store = make_storage()  # the workers' metric lines, read back from the emulator after the count
     fills = [external_fill(parse_jsonl(store.read_bytes(layout.metrics_file(w)))) for _, w in roles[1:]]
     return {
@@ -520,6 +554,10 @@ def drive_run(mode: str, args: argparse.Namespace, emulator: Any, folder: Path) 
         "worker_requests_per_round": analysed["worker_per_round"]["api_calls"],
         "worker_api_by_call": analysed["worker_per_round"]["api_by_call"],
         "emulator_requests": requests,
+        "emulator_requests_by_kind": kinds,
+        "emulator_requests_by_kind_per_worker_round": {
+            k: round(v / (spec.workers * spec.rounds), 2) for k, v in kinds.items()
+        },
         "external": pooled_fill(fills),
     }
 
@@ -561,7 +599,18 @@ def render_drive(result: dict[str, Any]) -> list[str]:
         "mode", "wall s", "all rounds played", "rounds measured a worker", "Drive requests per worker round",
         "external got/asked (all rounds)",
     ]  # fmt: skip
-    return [markdown_table(header, rows)]
+    out = [markdown_table(header, rows)]
+    by_kind = {m: r.get("emulator_requests_by_kind_per_worker_round") for m, r in result["runs"].items()}
+    if all(by_kind.values()):
+        modes = list(by_kind)
+        kinds = sorted(
+            {k for v in by_kind.values() for k in v}, key=lambda k: -max(v.get(k, 0) for v in by_kind.values())
+        )
+        out.append(
+            "Every node's requests (the coordinator's too) by kind, per worker round (total / (workers x rounds)):"
+        )
+        out.append(markdown_table(["kind", *modes], [[k, *(by_kind[m].get(k, 0) for m in modes)] for k in kinds]))
+    return out
 
 
 # -- common -----------------------------------------------------------------------------------------------------

@@ -118,3 +118,31 @@ def test_a_target_is_judged_on_the_async_value():
     assert row["met"] is True and row["values"] == {"sync": 0.04, "async": 0.9}
     assert rounds._target("busy", runs, lambda r: r["x"], "<=", 0.5)["met"] is False
     assert rounds._target("busy", {"sync": {"x": 1.0}}, lambda r: r["x"], "<=", 3)["met"] is None
+
+
+def test_drive_requests_are_told_apart_by_kind():
+    folder = "application/vnd.google-apps.folder"
+    log = [
+        ("POST", "/upload/drive/v3/files?uploadType=multipart"),
+        ("PATCH", "/upload/drive/v3/files/abc?uploadType=multipart"),
+        ("POST", "/drive/v3/files?fields=id"),
+        ("GET", f"/drive/v3/files?q=%27p%27+in+parents+and+name+%3D+%27round_3%27+and+mimeType+%3D+%27{folder}%27"),
+        ("GET", f"/drive/v3/files?q=%27p%27+in+parents+and+name+%3D+%27stage_0%27+and+mimeType+%3D+%27{folder}%27"),
+        ("GET", f"/drive/v3/files?q=%27p%27+in+parents+and+name+%3D+%27rewards%27+and+mimeType+%3D+%27{folder}%27"),
+        ("GET", "/drive/v3/files?q=%27p%27+in+parents+and+trashed+%3D+false&pageSize=1000"),
+        ("GET", "/drive/v3/files/abc?alt=media"),
+        ("GET", "/drive/v3/files?q=%27p%27+in+parents+and+trashed+%3D+false&pageSize=1000"),
+        ("DELETE", "/drive/v3/files/abc"),
+    ]
+
+    assert rounds.request_kinds(log) == {
+        "listing": 2,
+        "file create": 1,
+        "file update": 1,
+        "folder create": 1,
+        "folder lookup round": 1,
+        "folder lookup stage": 1,
+        "folder lookup other": 1,
+        "download": 1,
+        "delete": 1,
+    }
