@@ -412,8 +412,7 @@ class Pickup:
         if verdict is None:
             return TAKEN
         self._judged[key] = (listing_key(info), verdict)
-        if self._kept.get((peer, stage)) != round_:
-            self._let_go(key)
+        self._let_go(key)  # never read again as listed (the batch last taken from too, once nothing is left in it)
         if verdict == STALE:
             self._floors[(peer, stage)] = max(round_, self._floors.get((peer, stage), -1))
             reading.stale += 1
