@@ -18,7 +18,8 @@ later: on a lagging mount the record and the batches arrive independently) down 
 Per peer, the top :data:`TOP_LISTINGS` rounds above its newest batch known are listed first (again once their
 listing is older than :data:`LISTING_REUSE_S`), then its known batches are read newest first; when J are not in
 hand, the rounds of the windows where no batch of the peer is known yet are listed (never listed first, newest
-first, then the least recently listed), so a batch that reached this node's view a minute late is still found.
+first, then the least recently listed; a folder whose listings keep showing nothing new ever more rarely), so a
+batch that reached this node's view a minute late is still found.
 A pickup lists at most :data:`MAX_PICKUP_LISTINGS` folders and reads within the synchronous gather's caps
 (:data:`MAX_GATHER_FILES`, :data:`MAX_GATHER_BYTES`); a batch judged once (too stale, incomplete, or with nothing
 left to take) is not read again while its listing entry is unchanged. Memory: the listings and judgements of the
@@ -67,6 +68,8 @@ MAX_PICKUP_LISTINGS = 8
 #: Rounds at the top of a peer's window listed before its batches known are read (its record's round and the one
 #: after: where its newest batch is when the view is not late); deeper rounds are listed only when J are not in hand.
 TOP_LISTINGS = 2
+#: Most doublings of a deeper round's listing reuse when its listings show nothing new (2 s x 2**7: about 4 min).
+MAX_BACKOFF_DOUBLINGS = 7
 #: Deepest a pickup looks below a peer's top round (see the module's docstring): past it no batch is looked for and
 #: what is known of it is forgotten, whatever MAX_STALENESS_SECONDS and MAX_STALENESS_ROUNDS allow.
 SCAN_ROUNDS = 64
@@ -137,6 +140,7 @@ class _Listing:
 
     at: float
     files: dict[str, FileInfo]
+    unchanged: int = 0  # listings in a row that showed no new batch: the next one waits that much longer
 
 
 @dataclass
@@ -352,19 +356,25 @@ class Pickup:
             lowest, top = windows[peer]
             for round_ in range(top, lowest - 1, -1):
                 listing = self._listings.get((round_, stage))
-                if listing is not None and (self._usable(peer, round_, stage) or self._fresh(round_, reading)):
+                if listing is not None and (self._usable(peer, round_, stage) or self._fresh(round_, reading, True)):
                     continue
                 rank = (listing is not None, listing.at if listing is not None else 0.0, -round_)
                 if best is None or rank < best:
                     best = rank
         return None if best is None else -best[2]
 
-    def _fresh(self, round_: int, reading: _Reading) -> bool:
-        """Whether the stage folder of ``round_`` was listed by this pickup or within ``listing_reuse_s``."""
+    def _fresh(self, round_: int, reading: _Reading, backoff: bool = False) -> bool:
+        """Whether the stage folder of ``round_`` was listed by this pickup or within ``listing_reuse_s``; with
+        ``backoff`` (the deeper search), within ``listing_reuse_s`` doubled for each listing in a row that showed no
+        new batch, up to :data:`MAX_BACKOFF_DOUBLINGS` times: a round whose batches never come (removed by their
+        writers' retention) is listed ever more rarely, while one still filling on a late mount is listed again."""
         listing = self._listings.get((round_, reading.ctx.stage))
         if round_ in reading.listed:
             return True
-        return listing is not None and self.monotonic() - listing.at < self.listing_reuse_s
+        if listing is None:
+            return False
+        reuse = self.listing_reuse_s * 2 ** min(listing.unchanged, MAX_BACKOFF_DOUBLINGS) if backoff else 0.0
+        return self.monotonic() - listing.at < max(reuse, self.listing_reuse_s)
 
     def _usable(self, peer: str, round_: int, stage: int) -> bool:
         """Whether a batch of the peer is listed at ``round_`` and not found incomplete as listed (its listing is
@@ -386,7 +396,9 @@ class Pickup:
         reading.listings_left -= 1
         reading.listed.add(round_)
         files = self.exchange.rollout_entries(round_, stage)
-        self._listings[(round_, stage)] = _Listing(self.monotonic(), files)
+        before = self._listings.get((round_, stage))
+        unchanged = 0 if before is None or files.keys() - before.files.keys() else before.unchanged + 1
+        self._listings[(round_, stage)] = _Listing(self.monotonic(), files, unchanged)
         for node in files:
             if round_ > self._newest.get((node, stage), -1):
                 self._newest[(node, stage)] = round_

@@ -462,3 +462,24 @@ def test_what_is_known_of_a_peer_stays_within_its_window(folder):
     assert {k[1] for k in pickup.taken} == {29}
     assert all(r >= 27 for r, _ in pickup._listings) and all(k[1] >= 27 for k in pickup._judged)
     assert pickup._kept == {("peer", 0): 29}
+
+
+def test_a_short_pickup_lists_a_round_that_stays_empty_ever_more_rarely(folder):
+    """Retention left a peer's last 3 rounds (60-62) of a 64-round window, with nothing to take: a worker short of
+    groups at every pickup (one a second) lists the emptied rounds ever more rarely, not 8 folders a pickup."""
+    clock, ticks = Clock(), Clock(0.0)
+    folder.peer("peer", 62)
+    for round_ in (60, 61, 62):
+        folder.batch("peer", round_, [group(round_, useful=False)], created_at=NOW - 63 + round_)
+    pickup, _ = pickup_for(folder, clock, wanted=1, max_listings=8, listing_reuse_s=1.0, monotonic=ticks)
+
+    counts = []
+    for index in range(300):
+        ticks.now += 1.0
+        folder.peer("peer", 62, beat=index + 2)  # it beats on
+        before = pickup.exchange.stats["lists"]
+        assert pickup.run(ctx(index)).taken == []
+        counts.append(pickup.exchange.stats["lists"] - before - 1)  # less the peers' folder
+    assert counts[0] == 8  # the window's newest 8 rounds at first
+    assert sum(counts[:60]) > 4 * 60  # the whole window listed again and again while it may still fill
+    assert sum(counts[-100:]) <= 2 * 100  # then about the top round a pickup (where its next batch will be)
