@@ -18,8 +18,8 @@ later: on a lagging mount the record and the batches arrive independently) down 
 Per peer, the top :data:`TOP_LISTINGS` rounds above its newest batch known are listed first (again once their
 listing is older than :data:`LISTING_REUSE_S`), then its known batches are read newest first; when J are not in
 hand, the rounds of the windows where no batch of the peer is known yet are listed (never listed first, newest
-first, then the least recently listed; a folder whose listings keep showing nothing new ever more rarely), so a
-batch that reached this node's view a minute late is still found.
+first, then the least recently listed; below the peer's oldest batch known, a folder whose listings keep showing
+nothing new ever more rarely), so a batch that reached this node's view a minute late is still found.
 A pickup lists at most :data:`MAX_PICKUP_LISTINGS` folders and reads within the synchronous gather's caps
 (:data:`MAX_GATHER_FILES`, :data:`MAX_GATHER_BYTES`); a batch judged once (too stale, incomplete, or with nothing
 left to take) is not read again while its listing entry is unchanged. Memory: the listings and judgements of the
@@ -349,14 +349,19 @@ class Pickup:
                     return
 
     def _next_to_list(self, wanting: list[str], windows: dict[str, tuple[int, int]], reading: _Reading) -> int | None:
-        """The round whose stage folder :meth:`_search` lists next, or None when every one is listed freshly."""
+        """The round whose stage folder :meth:`_search` lists next, or None when every one is listed freshly. Below
+        the peer's oldest batch known, with the listing backoff (:meth:`_fresh`): rounds emptied by retention lie
+        there, and a batch still to arrive that far down would be its stalest."""
         stage = reading.ctx.stage
         best: tuple[bool, float, int] | None = None
         for peer in wanting:
             lowest, top = windows[peer]
+            oldest = next((r for r in range(lowest, top + 1) if self._file(peer, r, stage) is not None), lowest)
             for round_ in range(top, lowest - 1, -1):
                 listing = self._listings.get((round_, stage))
-                if listing is not None and (self._usable(peer, round_, stage) or self._fresh(round_, reading, True)):
+                if listing is not None and (
+                    self._usable(peer, round_, stage) or self._fresh(round_, reading, backoff=round_ < oldest)
+                ):
                     continue
                 rank = (listing is not None, listing.at if listing is not None else 0.0, -round_)
                 if best is None or rank < best:
@@ -365,9 +370,9 @@ class Pickup:
 
     def _fresh(self, round_: int, reading: _Reading, backoff: bool = False) -> bool:
         """Whether the stage folder of ``round_`` was listed by this pickup or within ``listing_reuse_s``; with
-        ``backoff`` (the deeper search), within ``listing_reuse_s`` doubled for each listing in a row that showed no
-        new batch, up to :data:`MAX_BACKOFF_DOUBLINGS` times: a round whose batches never come (removed by their
-        writers' retention) is listed ever more rarely, while one still filling on a late mount is listed again."""
+        ``backoff``, within ``listing_reuse_s`` doubled for each listing in a row that showed no new batch, up to
+        :data:`MAX_BACKOFF_DOUBLINGS` times: a round whose batches never come (removed by their writers'
+        retention) is listed ever more rarely."""
         listing = self._listings.get((round_, reading.ctx.stage))
         if round_ in reading.listed:
             return True

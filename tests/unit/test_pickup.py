@@ -483,3 +483,24 @@ def test_a_short_pickup_lists_a_round_that_stays_empty_ever_more_rarely(folder):
     assert counts[0] == 8  # the window's newest 8 rounds at first
     assert sum(counts[:60]) > 4 * 60  # the whole window listed again and again while it may still fill
     assert sum(counts[-100:]) <= 2 * 100  # then about the top round a pickup (where its next batch will be)
+
+
+def test_a_round_listed_empty_many_times_is_still_listed_promptly_above_the_peers_oldest_batch(folder):
+    """On a late mount a round stays empty in this view for up to a minute, then its batch arrives: above the
+    peer's oldest batch known, the search keeps listing it at the reuse interval (no backoff), so it is found."""
+    clock, ticks = Clock(), Clock(0.0)
+    folder.peer("peer", 20)
+    folder.batch("peer", 5, [group(5, useful=False)], created_at=NOW - 30)  # the oldest known: nothing to take
+    pickup, _ = pickup_for(folder, clock, wanted=1, max_listings=8, listing_reuse_s=1.0, monotonic=ticks)
+    for index in range(40):  # 40 s of empty listings of rounds 6-21
+        ticks.now += 1.0
+        folder.peer("peer", 20, beat=index + 2)
+        assert pickup.run(ctx(index)).taken == []
+
+    folder.batch("peer", 15, [group(15)], created_at=NOW - 20)  # arrives at last
+    found = []
+    for index in range(40, 43):
+        ticks.now += 1.0
+        folder.peer("peer", 20, beat=index + 2)
+        found += [(t.source_round, t.group_id) for t in pickup.run(ctx(index)).taken]
+    assert found == [(15, "g15")]
