@@ -108,11 +108,13 @@ def test_an_async_swarm_plays_every_round_of_every_worker_once_and_finishes(tmp_
 
 
 def test_the_fast_worker_never_waits_for_the_slow_one_and_takes_its_groups(tmp_path):
-    """A worker with 0.2 s of compute a stage beside one with 2.5 s: the fast one plays all its rounds while the
-    slow one is still in its first ones, and trains on the slow one's groups, recorded with their staleness."""
+    """A worker with 0.5 s of compute a stage beside one with 3 s: the fast one plays all its rounds while the
+    slow one is still in its first ones, and trains on the slow one's groups, recorded with their staleness. (The
+    fast worker's rounds last longer than the pickup reuses a listing, 2 s: with 0.2 s a round it could play them
+    all on one listing made before the slow worker's first batch.)"""
     rounds = 5
     env = env_for(tmp_path, MAX_ROUNDS=rounds, MIN_WORKERS=2, NUM_TRANSPLANT_TREES=1)
-    nodes = start(env, {"fast": {"SYNTHETIC_STEP_SECONDS": "0.2"}, "slow": {"SYNTHETIC_STEP_SECONDS": "2.5"}})
+    nodes = start(env, {"fast": {"SYNTHETIC_STEP_SECONDS": "0.5"}, "slow": {"SYNTHETIC_STEP_SECONDS": "3"}})
     coordinator, fast, slow = nodes
 
     fast.join(60)
