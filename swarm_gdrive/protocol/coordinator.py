@@ -48,9 +48,6 @@ logger = logging.getLogger(__name__)
 WAITING_REPORT_SECONDS = 30.0
 #: Rounds past the open one whose folders the coordinator has already made.
 ROUNDS_AHEAD = 2
-#: Most round folders an asynchronous coordinator makes ahead of the furthest worker: a fast worker plays several
-#: rounds between two reads of its peer record, so the lead follows its pace (:func:`async_rounds_ahead`).
-MAX_ROUNDS_AHEAD = 64
 
 
 class ExperimentMismatchError(RuntimeError):
@@ -155,18 +152,6 @@ def decide(
     return Decision(None, "waiting for submissions")
 
 
-def async_rounds_ahead(first: tuple[float, int], now: tuple[float, int], seen_every: float) -> int:
-    """How many round folders an asynchronous coordinator makes ahead of the furthest worker: ROUNDS_AHEAD, plus
-    the rounds that worker plays in ``seen_every`` seconds (the longest between two reads of its round: its
-    heartbeat, this node's poll, the folder's lag) at its pace since ``first`` ((time, round) when this node first
-    saw it), at most MAX_ROUNDS_AHEAD. Without it a worker of a round a second outran the folders made for it, and
-    16 workers creating a round's folders at once made up to 7 of each on Drive (bench/README.md §12)."""
-    (t0, r0), (t1, r1) = first, now
-    if t1 <= t0 or r1 <= r0:
-        return ROUNDS_AHEAD
-    return ROUNDS_AHEAD + min(MAX_ROUNDS_AHEAD - ROUNDS_AHEAD, math.ceil((r1 - r0) / (t1 - t0) * seen_every))
-
-
 def decide_async(
     state: StateRecord,
     live: frozenset[str],
@@ -250,7 +235,6 @@ class Coordinator:
         self._rounds: dict[str, int | None] = {}  # each worker's round in its last record read (stopped ones too)
         self._round_since: dict[str, tuple[int | None, float]] = {}  # that round, and since when (own clock)
         self._stalled: frozenset[str] = frozenset()
-        self._pace: tuple[float, int] | None = None  # (own clock, round) when the furthest worker was first seen
         self._created_at: float | None = None  # experiment.json's: EXPERIMENT_DEADLINE_MINUTES counts from it
         self.progress = SwarmProgress(config.max_rounds)
         self._peer_listing: dict[str, FileInfo] = {}
@@ -820,16 +804,10 @@ class Coordinator:
             self.prune_empty_round_dirs(min(rounds) - self.config.rollout_keep_last_n_rounds)
 
     def _prepare_async_rounds(self, state: StateRecord) -> None:
-        """The folders of the rounds ahead of the furthest worker (:meth:`prepare_rounds` for one clock), as many as
-        it plays before this node can see its progress again (:func:`async_rounds_ahead`): one creator makes no
-        duplicate round folders, as long as this node keeps ahead."""
+        """The folders of the rounds just ahead of the furthest worker (:meth:`prepare_rounds` for one clock): one
+        creator makes no duplicate round folders, as long as this node keeps ahead."""
         furthest = max(self.worker_rounds().values(), default=0)
-        now = self.clock()
-        if self._pace is None or furthest < self._pace[1]:
-            self._pace = (now, furthest)
-        seen_every = 2 * (self.config.heartbeat_interval + self.config.poll_interval_max) + self.config.sync_lag
-        ahead = async_rounds_ahead(self._pace, (now, furthest), seen_every)
-        for round_ in range(furthest, min(furthest + ahead + 1, state.max_rounds)):
+        for round_ in range(furthest, min(furthest + ROUNDS_AHEAD + 1, state.max_rounds)):
             self.exchange.prepare_round(round_, state.num_stages)
 
     def _announce_stop(self, state: StateRecord) -> None:

@@ -282,16 +282,3 @@ def test_with_cleanup_the_emptied_rollout_folders_behind_the_slowest_live_worker
     c.prune_async(c.observe(0.0))
     left = sorted(p.name for p in (tmp_path / Layout("exp").rollouts_dir).iterdir())
     assert left == ["round_0", "round_3", "round_4", "round_5", "round_6", "round_7"] and kept.exists()
-
-
-def test_the_round_folders_made_ahead_follow_the_furthest_workers_pace():
-    """A worker of a round a second outran the 2 rounds made ahead of the round its record said, and 16 of them
-    racing to create each round's folders made duplicates on Drive: the lead is the rounds played between two
-    reads of its round, at its pace, within [ROUNDS_AHEAD, MAX_ROUNDS_AHEAD]."""
-    from swarm_gdrive.protocol.coordinator import MAX_ROUNDS_AHEAD, ROUNDS_AHEAD, async_rounds_ahead
-
-    assert async_rounds_ahead((0.0, 0), (0.0, 0), 5.0) == ROUNDS_AHEAD  # nothing measured yet
-    assert async_rounds_ahead((0.0, 10), (100.0, 10), 5.0) == ROUNDS_AHEAD  # a slow swarm: no round in 100 s
-    assert async_rounds_ahead((0.0, 0), (10.0, 1), 5.0) == ROUNDS_AHEAD + 1  # a round in 10 s, seen every 5 s
-    assert async_rounds_ahead((0.0, 0), (10.0, 10), 6.0) == ROUNDS_AHEAD + 6  # a round a second
-    assert async_rounds_ahead((0.0, 0), (1.0, 1000), 6.0) == MAX_ROUNDS_AHEAD
