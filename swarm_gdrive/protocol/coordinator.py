@@ -632,6 +632,8 @@ class Coordinator:
                 self.count_progress(state, live, state.max_rounds - 1)  # whoever else is done by now is counted so
                 decision = self._decide_async(state, live, now, settling)
             if decision.state is not None:
+                if decision.state.status == "running" and state.status == "waiting":
+                    self._prepare_async_rounds(decision.state, listed=False)  # before any worker writes into them
                 self.exchange.write_state(decision.state)
                 if decision.state.status != state.status:
                     self._async_status_changed(decision.state, live, decision.reason)
@@ -803,10 +805,16 @@ class Coordinator:
         if self.config.rollout_cleanup_enabled and rounds:
             self.prune_empty_round_dirs(min(rounds) - self.config.rollout_keep_last_n_rounds)
 
-    def _prepare_async_rounds(self, state: StateRecord) -> None:
+    def _prepare_async_rounds(self, state: StateRecord, listed: bool = True) -> None:
         """The folders of the rounds just ahead of the furthest worker (:meth:`prepare_rounds` for one clock): one
-        creator makes no duplicate round folders, as long as this node keeps ahead."""
-        furthest = max(self.worker_rounds().values(), default=0)
+        creator makes no duplicate round folders, as long as this node keeps ahead. The furthest round is the
+        newest of the peer records' rounds and of the round folders in ``rewards/`` (``listed``: one listing a
+        pass): the records are read seldom for a beating worker (§6), and a coordinator that followed them alone
+        fell behind fast workers, which then raced to create each round's folders (on Drive, up to 9 of one)."""
+        present = (
+            [r for _, r in self.exchange.numbered_folders(self.layout.rewards_dir, parse_round_dir)] if listed else []
+        )
+        furthest = max([*self.worker_rounds().values(), *present], default=0)
         for round_ in range(furthest, min(furthest + ROUNDS_AHEAD + 1, state.max_rounds)):
             self.exchange.prepare_round(round_, state.num_stages)
 

@@ -282,3 +282,29 @@ def test_with_cleanup_the_emptied_rollout_folders_behind_the_slowest_live_worker
     c.prune_async(c.observe(0.0))
     left = sorted(p.name for p in (tmp_path / Layout("exp").rollouts_dir).iterdir())
     assert left == ["round_0", "round_3", "round_4", "round_5", "round_6", "round_7"] and kept.exists()
+
+
+def test_round_folders_are_made_ahead_of_the_newest_round_folder_present_not_only_of_the_peer_records(tmp_path):
+    """A beating worker's record is read seldom: a coordinator that made folders only ahead of the records' rounds
+    fell behind fast workers, which raced to create each round's folders (on the Drive emulator, 86 folders for 52
+    paths in a 6-round run of 16 workers). It keeps ahead of the newest round folder in rewards/ too, and makes
+    rounds 0..ROUNDS_AHEAD before it writes the first running state."""
+    from swarm_gdrive.protocol.coordinator import ROUNDS_AHEAD
+
+    c = make_coordinator(tmp_path)
+    waiting = c.open_experiment()
+    layout = Layout("exp")
+    c._prepare_async_rounds(waiting, listed=False)  # as the run starts: nothing listed
+    assert sorted(p.name for p in (tmp_path / layout.rewards_dir).iterdir()) == [
+        f"round_{r}" for r in range(ROUNDS_AHEAD + 1)
+    ]
+    running = waiting.model_copy(update={"status": "running"})
+    beat(tmp_path, running.run_id, "w1", 1, 1)  # its record says round 1, but it has written round 9 already
+    c.observe(0.0)
+    (tmp_path / layout.reward_file(9, 0, "w1")).parent.mkdir(parents=True)
+    lists = c.exchange.stats["lists"]
+    c._prepare_async_rounds(running)
+    assert c.exchange.stats["lists"] - lists == 1  # one listing of rewards/ a pass
+    for round_ in range(9, 9 + ROUNDS_AHEAD + 1):
+        for stage_dir in (layout.rewards_stage_dir(round_, 0), layout.rollouts_stage_dir(round_, 0)):
+            assert (tmp_path / stage_dir).is_dir(), stage_dir
