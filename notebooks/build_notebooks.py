@@ -348,6 +348,9 @@ MIN_WORKERS = 2  #@param {type:"integer"}
 #   can already see (seconds to minutes old, at most MAX_STALENESS_SECONDS); nobody waits. auto: async when
 #   SYNC_LAG > 0 (auto with STORAGE = "mount"), else sync. Fixed for the experiment's life.
 ROUND_MODE = "auto"  #@param ["auto", "sync", "async"]
+# Minutes after the experiment was created at which the coordinator ends it, in either mode: each worker finishes
+# its round, saves its checkpoint and stops. 0: no deadline (the rounds end it).
+EXPERIMENT_DEADLINE_MINUTES = 0  #@param {type:"number"}
 # Seconds before a round closes without every worker's reward (sync); 0: 60 + 4 x SYNC_LAG.
 COORDINATOR_ROUND_INTERVAL = 0  #@param {type:"number"}
 RESET_EXPERIMENT = False  #@param {type:"boolean"}
@@ -362,6 +365,7 @@ RESET_EXPERIMENT = False  #@param {type:"boolean"}
                     + """
     MIN_WORKERS=MIN_WORKERS,
     ROUND_MODE=ROUND_MODE,
+    EXPERIMENT_DEADLINE_MINUTES=EXPERIMENT_DEADLINE_MINUTES,
     COORDINATOR_ROUND_INTERVAL=COORDINATOR_ROUND_INTERVAL or None,
     RESET_EXPERIMENT=RESET_EXPERIMENT,
     NODE_ROLE="coordinator",
