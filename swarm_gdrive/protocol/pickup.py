@@ -277,10 +277,7 @@ class Pickup:
 
         Live as the coordinator judges it (:class:`~swarm_gdrive.protocol.coordinator.Liveness`): a worker peer
         file of this run that says ``alive`` and whose listing entry changed within LIVENESS_TIMEOUT, by this
-        node's clock. A worker whose file says ``stopped`` (it played its rounds, or was stopped) is read too: its
-        batches are as good as a live peer's within MAX_STALENESS_SECONDS, and a fast worker that finished first
-        would otherwise leave a slow one with no peer at all. Only registered workers are read: a batch of a name
-        without such a peer file never is.
+        node's clock. Only registered workers are read: a batch of a name without such a peer file never is.
         """
         now = self.monotonic()
         reuse = self.peers_reuse_s if self._peers else min(self.peers_reuse_s, EMPTY_PEERS_REUSE_S)
@@ -288,20 +285,17 @@ class Pickup:
             return self._peers
         self._peers_read_at = now
         peers: dict[str, int | None] = {}
-        finished: dict[str, int | None] = {}
         for node_id, seen in self.exchange.read_peers().items():
             record = seen.record
             if node_id == self.exchange.node_id or not isinstance(record, PeerRecord):
                 continue
             if record.role != "worker" or record.status != "alive":
                 self.liveness.forget(node_id)
-                if record.role == "worker" and record.status == "stopped":
-                    finished[node_id] = record.round
                 continue
             self.liveness.observe(node_id, listing_key(seen.info), now)
             peers[node_id] = record.round
         live = self.liveness.live(now)
-        self._peers = {node: round_ for node, round_ in peers.items() if node in live} | finished
+        self._peers = {node: round_ for node, round_ in peers.items() if node in live}
         return self._peers
 
     def _windows(self, peers: dict[str, int | None], ctx: StageContext) -> dict[str, tuple[int, int]]:
