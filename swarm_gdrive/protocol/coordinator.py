@@ -626,7 +626,7 @@ class Coordinator:
             previous = live
             settling = frozenset(w for w, t in left.items() if now - t < self.config.sync_lag)
             if state.status == "running":
-                self.count_progress(state, live)
+                self.count_progress(state, live | settling)
             decision = self._decide_async(state, live, now, settling)
             if decision.state is not None and decision.state.status == "finished" and decision.reason == "all_done":
                 self.count_progress(state, live, state.max_rounds - 1)  # whoever else is done by now is counted so
@@ -802,19 +802,30 @@ class Coordinator:
         """With ROLLOUT_CLEANUP_ENABLED, the emptied rollout folders of rounds more than ROLLOUT_KEEP_LAST_N_ROUNDS
         behind the slowest live worker's round (§9; every 30 s, not every pass: each call lists ``rollouts/``)."""
         rounds = [r for node, r in self.worker_rounds().items() if node in live]
+        if any(node not in self.worker_rounds() for node in live):  # a worker not yet in a round may start at 0
+            return
         if self.config.rollout_cleanup_enabled and rounds:
             self.prune_empty_round_dirs(min(rounds) - self.config.rollout_keep_last_n_rounds)
 
     def _prepare_async_rounds(self, state: StateRecord, listed: bool = True) -> None:
         """The folders of the rounds just ahead of the furthest worker (:meth:`prepare_rounds` for one clock): one
         creator makes no duplicate round folders, as long as this node keeps ahead. The furthest round is the
-        newest of the peer records' rounds and of the round folders in ``rewards/`` (``listed``: one listing a
-        pass): the records are read seldom for a beating worker (§6), and a coordinator that followed them alone
-        fell behind fast workers, which then raced to create each round's folders (on Drive, up to 9 of one)."""
+        newest of the peer records' rounds, of the rounds the rewards counted say the workers play, and of the round
+        folders in ``rewards/`` that a worker made (``listed``: one listing a pass; those this node made ahead do not
+        count, or the lead would run away to MAX_ROUNDS): the records are read seldom for a beating worker (§6),
+        and a coordinator that followed them alone fell behind fast workers, which then raced to create each
+        round's folders (on Drive, up to 9 of one)."""
         present = (
-            [r for _, r in self.exchange.numbered_folders(self.layout.rewards_dir, parse_round_dir)] if listed else []
+            [
+                r
+                for _, r in self.exchange.numbered_folders(self.layout.rewards_dir, parse_round_dir)
+                if not self.exchange.prepared(r)
+            ]
+            if listed
+            else []
         )
-        furthest = max([*self.worker_rounds().values(), *present], default=0)
+        played = self.progress.rounds_done.values()
+        furthest = max([*self.worker_rounds().values(), *played, *present], default=0)
         for round_ in range(furthest, min(furthest + ROUNDS_AHEAD + 1, state.max_rounds)):
             self.exchange.prepare_round(round_, state.num_stages)
 

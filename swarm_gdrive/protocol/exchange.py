@@ -466,6 +466,10 @@ class Exchange:
             return
         self._prepared.add(round_)
 
+    def prepared(self, round_: int) -> bool:
+        """Whether this node made ``round_``'s folders (:meth:`prepare_round`)."""
+        return round_ in self._prepared
+
     def prefetch_round(self, round_: int, stages: int) -> None:
         """Let the backend resolve the round's rewards and rollouts folders together (a worker, as a round starts:
         on Drive two queries for both trees instead of two each), on a download thread while the caller goes on

@@ -7,8 +7,8 @@ round looked for of the worker whose turn it is (the one listed for the longest 
 to the round before the one its peer record says it plays, so a listing never trails a fast worker by more than a
 heartbeat: each worker gets one sampled round per turn, and its last round (which makes it *done*) as soon as it has
 played it. A worker that is not live gets one turn for the round its last record names (it may have played it),
-then none until a record names another. Every reward found in a listed folder counts, whichever worker the listing
-was for.
+then none until a record names another, except its last round, which keeps its turns until its reward is seen.
+Every reward found in a listed folder counts, whichever worker the listing was for.
 """
 
 from __future__ import annotations
@@ -46,11 +46,7 @@ class SwarmProgress:
         workers. Served, of the live candidates not done and the others not done whose recorded round has not been
         listed for them yet, the one whose turn came longest ago (then by name): its next round, moved up to one
         before its record's round (live), or to that round (not live)."""
-        waiting = sorted(
-            n
-            for n in set(candidates) - self.done
-            if n in live or (rounds.get(n) is not None and self._aimed.get(n, -1) < rounds[n])  # type: ignore[operator]
-        )
+        waiting = sorted(n for n in set(candidates) - self.done if n in live or self._may_have_played(n, rounds.get(n)))
         if not waiting:
             return None
         self._passes += 1
@@ -61,6 +57,16 @@ class SwarmProgress:
         round_ = min(max(self._next.get(node, 0), floor), self.max_rounds - 1)
         self._next[node] = self._aimed[node] = round_
         return round_
+
+    def _may_have_played(self, node: str, recorded: int | None) -> bool:
+        """A worker no longer live whose reward may still appear: the round its last record names, not listed for
+        it yet; or its last round, listed every turn until its reward is seen. A worker's last reward can reach
+        this node after its ``stopped`` record (a lagging folder), or the last round can have been listed while it
+        was still playing it: without the second clause neither is ever counted done, and an experiment whose
+        workers all ended so would never finish."""
+        if recorded is None:
+            return False
+        return self._aimed.get(node, -1) < recorded or recorded >= self.max_rounds - 1
 
     def add(self, round_: int, rewards: dict[str, RewardRecord]) -> list[str]:
         """Count the rewards of ``round_`` found in its folder (validated by the reader); returns the workers that

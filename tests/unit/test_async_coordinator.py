@@ -295,6 +295,8 @@ def test_round_folders_are_made_ahead_of_the_newest_round_folder_present_not_onl
     waiting = c.open_experiment()
     layout = Layout("exp")
     c._prepare_async_rounds(waiting, listed=False)  # as the run starts: nothing listed
+    for _ in range(4):  # the folders it made itself do not move its lead (it ran away to MAX_ROUNDS once)
+        c._prepare_async_rounds(waiting.model_copy(update={"status": "running"}))
     assert sorted(p.name for p in (tmp_path / layout.rewards_dir).iterdir()) == [
         f"round_{r}" for r in range(ROUNDS_AHEAD + 1)
     ]
@@ -308,3 +310,20 @@ def test_round_folders_are_made_ahead_of_the_newest_round_folder_present_not_onl
     for round_ in range(9, 9 + ROUNDS_AHEAD + 1):
         for stage_dir in (layout.rewards_stage_dir(round_, 0), layout.rollouts_stage_dir(round_, 0)):
             assert (tmp_path / stage_dir).is_dir(), stage_dir
+
+
+def test_a_worker_whose_last_round_was_listed_while_it_played_it_is_counted_done_once_its_reward_appears():
+    """The last round listed while the worker still played it (no reward yet), then the worker stops: its reward
+    reaches the folder after its stopped record (a lagging folder) or after that listing. Its last round keeps its
+    turns until the reward is seen: once counted done, the experiment can finish (it never did, and a coordinator
+    whose workers all ended so ran for ever)."""
+    p = SwarmProgress(max_rounds=5)
+    rounds: dict[str, int | None] = {"w": 4}
+    assert p.target({"w"}, rounds, frozenset({"w"})) == 3  # live, playing round 4: the round before
+    p.add(3, {"w": reward("w", 3, 1.0)})
+    assert p.target({"w"}, rounds, frozenset({"w"})) == 4  # its last round, listed while it plays it: nothing there
+    assert p.add(4, {}) == [] and p.done == set()
+    for _ in range(3):  # stopped, its reward still on its way: the last round is listed again each turn
+        assert p.target({"w"}, rounds, frozenset()) == 4
+    assert p.add(4, {"w": reward("w", 4, 1.0)}) == ["w"] and p.done == {"w"}
+    assert p.target({"w"}, rounds, frozenset()) is None  # done: no more listings
