@@ -50,17 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval-samples", type=int, default=100, help="EVAL_SAMPLES when --eval-interval is set")
     learning.add_preset_option(p)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole comparison may run")
-    p.add_argument("--model", default="SmolLM2-135M-Instruct", help="MODEL_NAME of the workers")
-    p.add_argument("--tiny", action="store_true", help="a tiny model built on the spot (a smoke test)")
-    p.add_argument("--folder", help="shared folder (default: a fresh temporary one)")
-    p.add_argument("--out", default=str(RESULTS), help="where the result files go")
-    p.add_argument("--report-only", action="store_true", help="run nothing: analyse the swarms in --folder")
-    p.add_argument("--verbose", action="store_true", help="show every log line of every node")
-    p.add_argument("--set", action="append", default=[], metavar="VARIABLE=value", help="override a node variable")
+    study.add_swarm_options(p)
     args = p.parse_args(argv)
-    args.seed_list = (
-        list(range(1, int(args.seeds) + 1)) if args.seeds.isdigit() else [int(s) for s in args.seeds.split(",")]
-    )
+    args.seed_list = study.seed_list(args.seeds)
     if len(args.seed_list) < 2:
         p.error("--seeds: at least 2 swarm seeds (the swarm is the unit of replication)")
     if args.workers < 2:

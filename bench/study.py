@@ -138,18 +138,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     learning.add_preset_option(p)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole study may run; then stopped")
     p.add_argument("--device", default="cpu", help="DEVICE of every worker (cuda:0: all swarms share one GPU)")
-    p.add_argument("--model", default="SmolLM2-135M-Instruct", help="MODEL_NAME of the workers")
-    p.add_argument("--tiny", action="store_true", help="a tiny model built on the spot (a smoke test)")
-    p.add_argument("--folder", help="shared folder (default: a fresh temporary one)")
-    p.add_argument("--out", default=str(RESULTS), help="where the result files go")
-    p.add_argument("--report-only", action="store_true", help="run nothing: analyse the swarms in --folder")
-    p.add_argument("--verbose", action="store_true", help="show every log line of every node")
-    p.add_argument("--set", action="append", default=[], metavar="VARIABLE=value", help="override a node variable")
+    add_swarm_options(p)
     args = p.parse_args(argv)
     args.js = [int(x) for x in args.transplants.split(",") if x.strip()]
-    args.seed_list = (
-        list(range(1, int(args.seeds) + 1)) if args.seeds.isdigit() else [int(s) for s in args.seeds.split(",")]
-    )
+    args.seed_list = seed_list(args.seeds)
     if len(args.js) < 2 or any(j < 0 or j >= args.groups for j in args.js):
         p.error(f"--transplants {args.transplants!r}: at least two J values, each in 0..{args.groups - 1}")
     if len(args.seed_list) < 2:
@@ -159,6 +151,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.eval_samples < 100 and not args.tiny and not args.report_only:
         p.error(f"--eval-samples {args.eval_samples}: a study uses at least 100 held-out questions per task")
     return args
+
+
+def add_swarm_options(p: argparse.ArgumentParser) -> None:
+    """The options a study and ``bench modes`` share: the model, the folders, the report and node overrides."""
+    p.add_argument("--model", default="SmolLM2-135M-Instruct", help="MODEL_NAME of the workers")
+    p.add_argument("--tiny", action="store_true", help="a tiny model built on the spot (a smoke test)")
+    p.add_argument("--folder", help="shared folder (default: a fresh temporary one)")
+    p.add_argument("--out", default=str(RESULTS), help="where the result files go")
+    p.add_argument("--report-only", action="store_true", help="run nothing: analyse the swarms in --folder")
+    p.add_argument("--verbose", action="store_true", help="show every log line of every node")
+    p.add_argument("--set", action="append", default=[], metavar="VARIABLE=value", help="override a node variable")
+
+
+def seed_list(text: str) -> list[int]:
+    """``--seeds``: a count N (seeds 1..N) or a comma-separated list of swarm seeds."""
+    return list(range(1, int(text) + 1)) if text.isdigit() else [int(s) for s in text.split(",")]
 
 
 def swarms(args: argparse.Namespace) -> list[dict]:
