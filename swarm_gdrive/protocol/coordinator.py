@@ -801,11 +801,10 @@ class Coordinator:
     def prune_async(self, live: frozenset[str]) -> None:
         """With ROLLOUT_CLEANUP_ENABLED, the emptied rollout folders of rounds more than ROLLOUT_KEEP_LAST_N_ROUNDS
         behind the slowest live worker's round (§9; every 30 s, not every pass: each call lists ``rollouts/``)."""
-        rounds = [r for node, r in self.worker_rounds().items() if node in live]
-        if any(node not in self.worker_rounds() for node in live):  # a worker not yet in a round may start at 0
-            return
-        if self.config.rollout_cleanup_enabled and rounds:
-            self.prune_empty_round_dirs(min(rounds) - self.config.rollout_keep_last_n_rounds)
+        rounds = self.worker_rounds()
+        # none while a live worker has not said its round yet: it may start at round 0
+        if self.config.rollout_cleanup_enabled and live and live <= rounds.keys():
+            self.prune_empty_round_dirs(min(rounds[n] for n in live) - self.config.rollout_keep_last_n_rounds)
 
     def _prepare_async_rounds(self, state: StateRecord, listed: bool = True) -> None:
         """The folders of the rounds just ahead of the furthest worker (:meth:`prepare_rounds` for one clock): one

@@ -678,16 +678,12 @@ class Exchange:
                 if any(node_id == self.node_id for _, node_id in self._files(folder)):
                     yield round_, stage
 
-    def owns_rollouts(self, round_: int, stage: int) -> bool:
-        """True if this node's rollout file of the stage holds this node's batch of this run.
+    def _own_batch_created(self, round_: int, stage: int) -> float | None:
+        """The ``created_at`` of this node's batch of the stage (None: the file holds no batch of this node and run).
 
         On a store where names differ only in case name one file (Drive for desktop on macOS and Windows),
         ``w1.json`` may hold ``W1``'s batch: the content, not the name, says whose the file is.
         """
-        return self._own_batch_created(round_, stage) is not None
-
-    def _own_batch_created(self, round_: int, stage: int) -> float | None:
-        """The ``created_at`` of this node's batch of the stage (None: no batch of this node and run there)."""
         # _read's cross-check rejects a batch whose node id is not the file name's (and one of another run).
         batch = self._read(self.layout.rollout_file(round_, stage, self.node_id), RolloutBatch)
         if batch is None:
@@ -703,7 +699,7 @@ class Exchange:
         node's ``time.time()``): a peer may still take them. A writer's batches are created in round order, so the
         sweep stops at the first one that young.
 
-        Only files that hold this node's own batch of this run are touched (:meth:`owns_rollouts`); a file the
+        Only files that hold this node's own batch of this run are touched (:meth:`_own_batch_created`); a file the
         store refuses to remove or move is logged and left for the next sweep. Returns how many were removed.
         """
         now = time.time() if now is None else now
