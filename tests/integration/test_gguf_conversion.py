@@ -134,7 +134,8 @@ def test_concurrent_callers_convert_once_and_all_get_the_folder(tmp_path, monkey
     def fake_convert(folder: Path, filename: str, out: Path) -> None:
         calls.append(out)
         time.sleep(0.3)  # long enough for every other caller to reach the lock
-        (out / "model.safetensors").write_bytes(b"converted")
+        for name in models._CONVERTED_FILES:
+            (out / name).write_bytes(b"converted")
 
     monkeypatch.setattr(models, "_convert_gguf", fake_convert)
     results, errors = [], []
