@@ -66,6 +66,10 @@ CHECKPOINT_MINUTES = 30  #@param {type:"number"}
 # Name of a Colab secret (key icon, left bar) holding a Hugging Face token with write access: the workers
 # then push their checkpoints to the Hub every HUB_PUSH_INTERVAL rounds. Empty: no Hub.
 HF_TOKEN_SECRET = ""  #@param {type:"string"}
+# STORAGE = "mount" only: keep the converted model in MyDrive/swarm-gdrive-model-cache of your own Drive (never in
+# the shared folder), so that a new runtime loads it instead of converting the packaged SmolLM2 again (11-15 s).
+# Costs 538 MB of your Drive quota; off, the conversion stays in the runtime and goes with it (docs/colab.md).
+MODEL_CACHE_ON_DRIVE = False  #@param {type:"boolean"}
 """
 
 CONNECT = """\
@@ -282,6 +286,7 @@ EXPERIMENT_ENV_ARGS = f"""\
 
 TRAINING_ARGS = """\
     hub_token_secret=HF_TOKEN_SECRET,
+    model_cache_on_drive=MODEL_CACHE_ON_DRIVE,
     CHECKPOINT_MINUTES=CHECKPOINT_MINUTES,"""
 
 

@@ -148,3 +148,20 @@ def test_a_final_folder_missing_a_file_is_converted_anew_and_replaced(
     assert len(conversions) == 1
     assert {p.name: p.read_bytes() for p in target.iterdir()} == dict.fromkeys(models._CONVERTED_FILES, b"converted")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".smollm2-")] == []
+
+
+def test_the_notebooks_that_load_the_model_offer_model_cache_on_drive_off_by_default() -> None:
+    """worker, sapo_experiments and multi_node_one_gpu load the packaged model: each has the parameter, documented,
+    and passes it to node_env; the notebooks that load no model have none."""
+    import json
+
+    folder = Path(__file__).resolve().parents[2] / "notebooks"
+    for path in sorted(folder.glob("*.ipynb")):
+        cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+        params, text = "".join(cells[0]["source"]), "".join("".join(c["source"]) for c in cells)
+        loads = path.name in ("worker.ipynb", "sapo_experiments.ipynb", "multi_node_one_gpu.ipynb")
+        assert ('MODEL_CACHE_ON_DRIVE = False  #@param {type:"boolean"}' in params) == loads, path.name
+        assert ("model_cache_on_drive=MODEL_CACHE_ON_DRIVE" in text) == loads, path.name
+        if loads:
+            comment = params.split("MODEL_CACHE_ON_DRIVE =")[0].rsplit("#@param", 1)[1]
+            assert "538 MB" in comment and 'STORAGE = "mount" only' in comment, path.name
