@@ -152,16 +152,28 @@ def _set_aside(target: Path, cache_dir: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
+#: Longest a converter waits for another's lock, seconds: a conversion takes 5-40 s. Past it, it converts without the
+#: lock (the atomic rename keeps the folder whole): a lock it cannot get may be a lock file on a mounted Drive left
+#: by a runtime that died, where filelock fell back to a soft lock, which would otherwise block every later runtime.
+LOCK_WAIT_SECONDS = 120.0
+
+
 @contextmanager
 def _exclusive(lock_file: Path) -> Iterator[None]:
     """An advisory lock across processes (``filelock``: flock on POSIX, LockFileEx on Windows; released when its
-    holder exits, however it exits). On a file system without locks (some network mounts) the atomic rename alone
+    holder exits, however it exits). On a file system without locks (some network mounts: OSError, or filelock 3's
+    NotImplementedError for ENOSYS) or past LOCK_WAIT_SECONDS (filelock.Timeout, an OSError) the atomic rename alone
     keeps the folder whole."""
     lock = FileLock(lock_file)
     try:
-        lock.acquire()
-    except OSError as error:
-        logger.debug("no lock on %s (%s)", lock_file, error)
+        lock.acquire(timeout=LOCK_WAIT_SECONDS)
+    except (OSError, NotImplementedError) as error:
+        logger.log(
+            logging.WARNING if isinstance(error, TimeoutError) else logging.DEBUG,
+            "no lock on %s (%s): converting without it",
+            lock_file,
+            error or type(error).__name__,
+        )
         yield
         return
     try:

@@ -1,6 +1,7 @@
 """Where the converted packaged model is kept: never inside the shared folder (config refuses it), on your own My
 Drive when a notebook asks for it (MODEL_CACHE_ON_DRIVE, mount only), and a cache folder that a killed or still
-syncing converter left half-written is never taken as the model and does not break the next conversion."""
+syncing converter left half-written is never taken as the model and does not break the next conversion, nor does a
+lock that cannot be had (held past the wait, or no flock on the mount)."""
 
 from __future__ import annotations
 
@@ -165,3 +166,50 @@ def test_the_notebooks_that_load_the_model_offer_model_cache_on_drive_off_by_def
         if loads:
             comment = params.split("MODEL_CACHE_ON_DRIVE =")[0].rsplit("#@param", 1)[1]
             assert "538 MB" in comment and 'STORAGE = "mount" only' in comment, path.name
+
+
+def test_a_lock_held_elsewhere_past_the_wait_does_not_stop_the_conversion(
+    tmp_path: Path, conversions: list[Path], monkeypatch, caplog
+) -> None:
+    """A lock file on a mounted Drive, held by another process (or left by a runtime that died, where filelock fell
+    back to a soft lock): after LOCK_WAIT_SECONDS the conversion goes on without it (the rename keeps it whole)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(models, "LOCK_WAIT_SECONDS", 0.5)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from filelock import FileLock; lock = FileLock(sys.argv[1]); lock.acquire(); "
+            "print('held', flush=True); time.sleep(60)",
+            str(tmp_path / ".SmolLM2-135M-Instruct.lock"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with caplog.at_level("WARNING", logger=models.__name__):
+            target = models.packaged_smollm2(tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert len(conversions) == 1 and models._converted(target)
+    assert "converting without it" in caplog.text
+
+
+def test_a_file_system_without_flock_under_filelock_3_does_not_stop_the_conversion(
+    tmp_path: Path, conversions: list[Path], monkeypatch
+) -> None:
+    """filelock 3.x raises NotImplementedError (not an OSError) where flock gives ENOSYS, as a FUSE mount may."""
+
+    class NoFlock:  # filelock 3's UnixFileLock on such a mount, as far as acquire goes
+        def __init__(self, path: object) -> None:
+            self.path = path
+
+        def acquire(self, timeout: float | None = None) -> None:
+            raise NotImplementedError("FileSystem does not appear to support flock; use SoftFileLock instead")
+
+    monkeypatch.setattr(models, "FileLock", NoFlock)
+    assert models._converted(models.packaged_smollm2(tmp_path)) and len(conversions) == 1
