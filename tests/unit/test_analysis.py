@@ -6,6 +6,7 @@ import math
 import random
 import subprocess
 
+import numpy as np
 import pytest
 
 from swarm_gdrive.observe.analysis import (
@@ -103,8 +104,8 @@ def test_no_difference_gives_a_large_p_value_and_an_interval_around_zero():
     rng = random.Random(3)
     a = [rng.gauss(1.0, 0.1) for _ in range(8)]
     b = [rng.gauss(1.0, 0.1) for _ in range(8)]
-    assert permutation_p(a, b, random.Random(0)) > 0.05
-    low, high = bootstrap_ci(a, random.Random(0))
+    assert permutation_p(a, b, np.random.default_rng(0)) > 0.05
+    low, high = bootstrap_ci(a, np.random.default_rng(0))
     assert low < sum(a) / len(a) < high
     assert abs(hedges_g(a, b)) < 1.5
     assert math.isnan(hedges_g([1.0], [2.0]))
