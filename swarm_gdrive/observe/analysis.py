@@ -3,9 +3,11 @@
 The SAPO paper compares, e.g., 4 local / 4 external against 8 / 0 by cumulative reward. Here
 each configuration is an experiment in the same shared folder; a node's cumulative reward is
 the sum of its per-round mean rewards over the rounds every compared experiment completed.
-Differences against the baseline measured in the same study come with a 95% bootstrap
-confidence interval, a permutation-test p-value and Hedges' g. Nothing is hard-coded: with few
-nodes the intervals are wide, and the table says so by their width.
+Differences against the baseline measured in the same study come with a 95% percentile bootstrap
+confidence interval (``scipy.stats.bootstrap``, 2000 resamples), a two-sided permutation-test p-value
+(``scipy.stats.permutation_test``: exact where every relabelling of the workers can be enumerated, as 3 against
+3, otherwise 5000 random ones) and Hedges' g; the draws come from ``compare``'s ``seed``. Nothing is hard-coded:
+with few nodes the intervals are wide, and the table says so by their width.
 
 In an asynchronous experiment (ROUND_MODE=async, GDRIVE_IMPLEMENTATION.md §5.10) each worker plays its own
 rounds: at one moment a fast worker may have played ten and a slow one four. Round R is then each worker's own
