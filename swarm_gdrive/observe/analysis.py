@@ -3,9 +3,11 @@
 The SAPO paper compares, e.g., 4 local / 4 external against 8 / 0 by cumulative reward. Here
 each configuration is an experiment in the same shared folder; a node's cumulative reward is
 the sum of its per-round mean rewards over the rounds every compared experiment completed.
-Differences against the baseline measured in the same study come with a 95% bootstrap
-confidence interval, a permutation-test p-value and Hedges' g. Nothing is hard-coded: with few
-nodes the intervals are wide, and the table says so by their width.
+Differences against the baseline measured in the same study come with a 95% percentile bootstrap
+confidence interval (``scipy.stats.bootstrap``, 2000 resamples), a two-sided permutation-test p-value
+(``scipy.stats.permutation_test``: exact where every relabelling of the workers can be enumerated, as 3 against
+3, otherwise 5000 random ones) and Hedges' g; the draws come from ``compare``'s ``seed``. Nothing is hard-coded:
+with few nodes the intervals are wide, and the table says so by their width.
 
 In an asynchronous experiment (ROUND_MODE=async, GDRIVE_IMPLEMENTATION.md §5.10) each worker plays its own
 rounds: at one moment a fast worker may have played ten and a slow one four. Round R is then each worker's own
@@ -17,9 +19,10 @@ reached at different moments.
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from dataclasses import dataclass
+
+import numpy as np
 
 from swarm_gdrive.observe.monitor import eval_rows, reward_rows
 from swarm_gdrive.protocol.exchange import Exchange
@@ -162,26 +165,63 @@ def pass1_se_of_mean(rows: list[dict]) -> float:
     return statistics.fmean(per_node)
 
 
-def bootstrap_ci(values: list[float], rng: random.Random, stat=statistics.fmean, n: int = 2000) -> tuple[float, float]:
-    """95% percentile bootstrap interval of ``stat``."""
+def _scipy_stats():
+    """``scipy.stats``, imported on first use: it takes about a second, and ``plots`` (so the dashboard and the
+    report) imports this module only for :func:`common_rounds`."""
+    from scipy import stats
+
+    return stats
+
+
+def _mean_difference(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(x, axis=axis) - np.mean(y, axis=axis)
+
+
+def _abs_mean_difference(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.abs(_mean_difference(x, y, axis))
+
+
+def _percentile_interval(samples: tuple[list[float], ...], statistic, rng: np.random.Generator, n: int):
+    """95% percentile bootstrap interval (``scipy.stats.bootstrap``, method="percentile": the 2.5th and 97.5th
+    percentiles of ``n`` resampled statistics, not BCa), each sample resampled on its own."""
+    result = _scipy_stats().bootstrap(
+        samples, statistic, n_resamples=n, confidence_level=0.95, method="percentile", rng=rng
+    )
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def bootstrap_ci(values: list[float], rng: np.random.Generator, stat=np.mean, n: int = 2000) -> tuple[float, float]:
+    """95% percentile bootstrap interval of ``stat`` (``scipy.stats.bootstrap``, ``n`` resamples drawn from
+    ``rng``). A single value is its own interval: nothing to resample."""
     if len(values) < 2:
         return (values[0], values[0]) if values else (math.nan, math.nan)
-    draws = sorted(stat(rng.choices(values, k=len(values))) for _ in range(n))
-    return draws[int(0.025 * n)], draws[int(0.975 * n) - 1]
+    return _percentile_interval((values,), stat, rng, n)
 
 
-def permutation_p(a: list[float], b: list[float], rng: random.Random, n: int = 5000) -> float:
-    """Two-sided p-value of the difference of means under random relabelling."""
+def permutation_p(a: list[float], b: list[float], rng: np.random.Generator, n: int = 5000) -> float:
+    """Two-sided p-value of the difference of means under relabelling (``scipy.stats.permutation_test``): the
+    share of relabellings whose |mean(a) - mean(b)| is at least the observed one.
+
+    Exact when the C(len(a) + len(b), len(a)) relabellings are at most ``n`` (3 against 3: 20, so p >= 0.10);
+    otherwise ``n`` random ones from ``rng``, p = (hits + 1) / (n + 1). scipy needs two values in each group: a
+    group of one is tested by shuffling the pooled values (``permutation_type="pairings"`` on one sample, split
+    after len(a)), the same relabellings, exact up to n! <= ``n`` orderings.
+    """
     if not a or not b:
         return math.nan
-    observed = abs(statistics.fmean(a) - statistics.fmean(b))
-    pooled = a + b
-    hits = 0
-    for _ in range(n):
-        rng.shuffle(pooled)
-        if abs(statistics.fmean(pooled[: len(a)]) - statistics.fmean(pooled[len(a) :])) >= observed - 1e-12:
-            hits += 1
-    return (hits + 1) / (n + 1)
+    stats = _scipy_stats()
+    if len(a) >= 2 and len(b) >= 2:
+        data, statistic, kind = (a, b), _abs_mean_difference, "independent"
+    else:
+        data, kind = (a + b,), "pairings"
+
+        def statistic(pooled: np.ndarray, axis: int = -1) -> np.ndarray:
+            return _abs_mean_difference(pooled[..., : len(a)], pooled[..., len(a) :])
+
+    result = stats.permutation_test(
+        data, statistic, permutation_type=kind, alternative="greater", n_resamples=n, rng=rng, vectorized=True
+    )
+    return float(result.pvalue)
 
 
 def hedges_g(a: list[float], b: list[float]) -> float:
@@ -210,7 +250,7 @@ def compare(
     base = list(_cumulative(rows[baseline], rounds).values())
     out = []
     for name in names:
-        rng = random.Random(seed)
+        rng = np.random.default_rng(seed)  # each experiment's intervals and p from the same draws
         values = list(_cumulative(rows[name], rounds).values())
         diff_ci = bootstrap_ci_difference(values, base, rng)
         evals = _eval_rows(storage, name)  # every eval file read once
@@ -239,14 +279,21 @@ def compare(
     return out
 
 
-def bootstrap_ci_difference(a: list[float], b: list[float], rng: random.Random, n: int = 2000) -> tuple[float, float]:
-    """95% bootstrap interval of mean(a) - mean(b), resampling each group on its own."""
+def bootstrap_ci_difference(
+    a: list[float], b: list[float], rng: np.random.Generator, n: int = 2000
+) -> tuple[float, float]:
+    """95% percentile bootstrap interval of mean(a) - mean(b), resampling each group on its own
+    (``scipy.stats.bootstrap`` on both samples). A group of one value resamples to itself: the interval is then
+    the other group's, shifted (scipy needs two values a sample)."""
     if not a or not b:
         return math.nan, math.nan
-    draws = sorted(
-        statistics.fmean(rng.choices(a, k=len(a))) - statistics.fmean(rng.choices(b, k=len(b))) for _ in range(n)
-    )
-    return draws[int(0.025 * n)], draws[int(0.975 * n) - 1]
+    if len(a) >= 2 and len(b) >= 2:
+        return _percentile_interval((a, b), _mean_difference, rng, n)
+    if len(b) < 2:
+        low, high = bootstrap_ci(a, rng, n=n)
+        return low - b[0], high - b[0]
+    low, high = bootstrap_ci(b, rng, n=n)
+    return a[0] - high, a[0] - low
 
 
 def format_table(rows: list[Comparison]) -> str:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import random
 import subprocess
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from swarm_gdrive.observe.analysis import (
@@ -103,8 +107,8 @@ def test_no_difference_gives_a_large_p_value_and_an_interval_around_zero():
     rng = random.Random(3)
     a = [rng.gauss(1.0, 0.1) for _ in range(8)]
     b = [rng.gauss(1.0, 0.1) for _ in range(8)]
-    assert permutation_p(a, b, random.Random(0)) > 0.05
-    low, high = bootstrap_ci(a, random.Random(0))
+    assert permutation_p(a, b, np.random.default_rng(0)) > 0.05
+    low, high = bootstrap_ci(a, np.random.default_rng(0))
     assert low < sum(a) / len(a) < high
     assert abs(hedges_g(a, b)) < 1.5
     assert math.isnan(hedges_g([1.0], [2.0]))
@@ -122,3 +126,56 @@ def test_compare_command_prints_the_table(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "| base | 2 | 2 |" in result.stdout and "| other | 2 | 2 |" in result.stdout
+
+
+def _every_relabelling_p(a: list[float], b: list[float]) -> float:
+    """The exact two-sided permutation p, by enumerating every split of the pooled values: what scipy must give."""
+    pooled, observed = a + b, abs(sum(a) / len(a) - sum(b) / len(b))
+    splits = list(itertools.combinations(range(len(pooled)), len(a)))
+    hits = 0
+    for chosen in splits:
+        x = [pooled[i] for i in chosen]
+        y = [pooled[i] for i in range(len(pooled)) if i not in chosen]
+        hits += abs(sum(x) / len(x) - sum(y) / len(y)) >= observed - 1e-12
+    return hits / len(splits)
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ([9.125, 10.458, 10.198], [9.901, 9.733, 8.802]),  # 3 against 3: 20 splits, p >= 0.10
+        ([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]),
+        ([1.0, 5.0, 3.0], [4.0, 2.0, 6.0, 7.0]),
+        ([1.0], [2.0, 3.0, 4.0]),  # a group of one: scipy's two-sample test refuses it, the pooled shuffle does not
+        ([2.0, 3.0, 4.0], [1.0]),
+        ([1.0], [2.0]),
+    ],
+)
+def test_the_permutation_p_is_exact_where_every_relabelling_fits(a, b):
+    expected = _every_relabelling_p(a, b)
+    for seed in (0, 1, 2):  # exact: no draw, so no seed changes it
+        assert permutation_p(a, b, np.random.default_rng(seed)) == pytest.approx(expected, abs=1e-12)
+
+
+def test_the_committed_learning_study_reads_the_same(tmp_path):
+    """bench/results/learning_smollm2.json rebuilt as reward files and compared again: the means, differences and
+    Hedges' g are the committed ones; the percentile intervals of 3 workers' means are exactly their min and max
+    (BCa would not be); the p-values are the exact permutation ones (0.5, 0.4), the committed Monte-Carlo estimates
+    within 3 SE; the difference bounds within 3 seed-to-seed SD of n = 2000 resamples (at most 0.04 here)."""
+    study = json.loads((Path(__file__).resolve().parents[2] / "bench/results/learning_smollm2.json").read_text())
+    storage = LocalStorage(tmp_path)
+    names = [c["experiment"].lower() for c in study["configurations"].values()]
+    for config, name in zip(study["configurations"].values(), names, strict=True):
+        write_experiment(storage, name, config["summary"]["per_round"])
+    rows = compare(storage, names[1:], baseline=names[0])
+    assert [r.experiment for r in rows] == [c["experiment"].lower() for c in study["comparison"]]
+    exact_p = {"smollm2-i4-j0": 1.0, "smollm2-i2-j2": 0.5, "smollm2-i3-j1": 0.4}
+    for row, committed in zip(rows, study["comparison"], strict=True):
+        assert row.cumulative_mean == pytest.approx(committed["cumulative_mean"], abs=1e-12)
+        assert row.difference == pytest.approx(committed["difference"], abs=1e-12)
+        assert row.hedges_g == pytest.approx(committed["hedges_g"], abs=1e-12)
+        assert row.cumulative_ci == pytest.approx(tuple(committed["cumulative_ci"]), abs=1e-12)
+        assert row.p_value == pytest.approx(exact_p[row.experiment], abs=1e-12)
+        assert abs(row.p_value - committed["p_value"]) < 3 * math.sqrt(0.25 / 5000)
+        assert row.difference_ci == pytest.approx(tuple(committed["difference_ci"]), abs=0.12)
+        assert row.difference_ci[0] < 0 < row.difference_ci[1]  # the conclusion: no difference stands out
