@@ -16,6 +16,8 @@ setup(
     long_description=(here / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["swarm_gdrive", "swarm_gdrive.*"]),
+    # the presets are data (swarm_gdrive/presets/*.json), read by the package at run time
+    package_data={"swarm_gdrive.presets": ["*.json"]},
     python_requires=">=3.10",
     install_requires=requirements,
     extras_require={

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swarm_gdrive.presets import load as load_preset
 from swarm_gdrive.names import InvalidNameError, validate_name
 from swarm_gdrive.progress import MODES as PROGRESS_MODES
 
@@ -54,59 +55,16 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 #: REPORT_TO's trackers (:mod:`swarm_gdrive.protocol.tracking`), each the package it needs and its extra's name.
 TRACKERS = ("tensorboard", "wandb", "trackio")
 
-#: Applied by TEST_MODE to every variable of this table that is not set explicitly.
-TEST_MODE_PRESET: dict[str, str] = {
-    "MAX_ROUNDS": "3",
-    "NUM_TRAIN_SAMPLES": "4",
-    "NUM_GENERATIONS": "4",
-    "EVAL_BEFORE_TRAINING": "false",  # a quick check starts training at once; the evaluation after the last stays
-}
-
-#: A learning signal on a small model (the packaged SmolLM2-135M-Instruct) within minutes on CPU cores, as in
-#: ``swarm-gdrive demo`` and the notebooks' SMALL_MODEL_SETTINGS (docs/training.md): the easiest settings of two
-#: arithmetic tasks, the assistant's turn opened with <answer> (the model rarely writes the tag unprompted, so
-#: strict scoring gives every group zero variance), lenient extraction as a fallback, short completions.
-SMALL_MODEL_PRESET: dict[str, str] = {
-    "TASKS": "chain_sum,basic_arithmetic",
-    "TASK_CONFIG": '{"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}, '
-    '"basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}',
-    "ANSWER_PREFIX": "true",
-    "ANSWER_EXTRACTION": "lenient",
-    "NUM_TRAIN_SAMPLES": "4",
-    "NUM_GENERATIONS": "4",
-    "MAX_NEW_TOKENS": "24",
-    "TEMPERATURE": "0.7",
-    "LEARNING_RATE": "5e-6",
-    "EVAL_SAMPLES": "8",  # held-out pass@1 before the first round and after the last
-    # A step's I + J groups of G = 4 in one micro-batch: the prompts' shared system turn then runs once a step, not
-    # once a micro-batch (the same gradient: micro-batches accumulate exactly). Their activations are small.
-    "MICRO_BATCH_SIZE": "32",
-}
-
-#: The sparse-signal regime (issue 15 part 4) where SAPO's external groups should matter: the packaged SmolLM2-135M
-#: solves about 5-25% of questions, so many of a node's own groups have zero reward variance while a peer's group on
-#: another question may carry signal. SMALL_MODEL_PRESET's sampling on harder settings: 2-term 2-digit chain_sum,
-#: 3-term 1-digit basic_arithmetic (solve rate and zero-variance share measured in bench/results/signal_presets.md);
-#: 100 held-out questions per task, as studies need (both question spaces hold thousands).
-SPARSE_SIGNAL_PRESET: dict[str, str] = {
-    **SMALL_MODEL_PRESET,
-    "TASK_CONFIG": '{"chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2}, '
-    '"basic_arithmetic": {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1}}',
-    "EVAL_SAMPLES": "100",
-}
-
-#: Protocol settings for nodes that share one machine's CPU cores (``swarm-gdrive demo``, the learning study):
-#: model loading and CPU training steps can starve a heartbeat or a round for minutes, and a run of a few rounds
-#: needs only its final checkpoint.
-LOCAL_SWARM_PRESET: dict[str, str] = {
-    "HEARTBEAT_INTERVAL": "2",
-    "LIVENESS_TIMEOUT": "600",
-    "POLL_INTERVAL_MIN": "0.1",
-    "POLL_INTERVAL_MAX": "1",
-    "COORDINATOR_ROUND_INTERVAL": "900",
-    "ROLLOUT_WAIT_TIMEOUT": "300",
-    "CHECKPOINT_INTERVAL": "1000",
-}
+#: The presets, kept as data in swarm_gdrive/presets/ (each file says what it is for and why its values):
+#: applied by TEST_MODE to every variable of this table that is not set explicitly (test-mode.json);
+TEST_MODE_PRESET: dict[str, str] = load_preset("test-mode")
+#: a learning signal on the packaged small model within minutes on CPU cores, as in ``swarm-gdrive demo`` and the
+#: notebooks' SMALL_MODEL_SETTINGS (small-model.json);
+SMALL_MODEL_PRESET: dict[str, str] = load_preset("small-model")
+#: the sparse-signal regime, SMALL_MODEL_PRESET on harder task settings (sparse-signal.json);
+SPARSE_SIGNAL_PRESET: dict[str, str] = load_preset("sparse-signal")
+#: protocol settings for nodes that share one machine's CPU cores (local-swarm.json).
+LOCAL_SWARM_PRESET: dict[str, str] = load_preset("local-swarm")
 
 #: Fields that define an experiment: a coordinator refuses to resume an experiment
 #: whose fingerprint differs. MAX_ROUNDS is left out so that a run can be extended.
