@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swarm_gdrive.presets import load as load_preset
 from swarm_gdrive.names import InvalidNameError, validate_name
+from swarm_gdrive.presets import load as load_preset
 from swarm_gdrive.progress import MODES as PROGRESS_MODES
 
 ROLES = ("coordinator", "worker")

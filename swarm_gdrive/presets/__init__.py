@@ -23,9 +23,9 @@ import dataclasses
 import functools
 import json
 import re
+from collections.abc import Mapping
 from importlib import resources
 from types import MappingProxyType
-from collections.abc import Mapping
 from typing import Any
 
 #: Where the presets are, as a user finds them in the repository.
