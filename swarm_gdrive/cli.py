@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from swarm_gdrive.config import LOCAL_SWARM_PRESET, SMALL_MODEL_PRESET, env_fields, settings_markdown, swarm_env
+from swarm_gdrive import presets
+from swarm_gdrive.config import env_fields, settings_markdown, swarm_env
 from swarm_gdrive.procs import NodeProcess, stop_all
 from swarm_gdrive.storage import LocalStorage
 
@@ -97,13 +98,13 @@ def _memory_device(args: argparse.Namespace, configured: str) -> Any:
 
 
 def demo_env(folder: str, args: argparse.Namespace) -> dict[str, str]:
-    """The environment shared by the demo's nodes: local processes of one machine, the small-model preset."""
+    """The environment shared by the demo's nodes: the local-swarm and small-model presets (swarm_gdrive/presets/)."""
     grpo = args.workload == "grpo"
     env = swarm_env(
         folder,
         args.experiment,
-        LOCAL_SWARM_PRESET,
-        SMALL_MODEL_PRESET if grpo else {"NUM_TRAIN_SAMPLES": "4", "NUM_GENERATIONS": "4"},
+        presets.load("local-swarm"),
+        presets.load("small-model") if grpo else {"NUM_TRAIN_SAMPLES": "4", "NUM_GENERATIONS": "4"},
         MAX_ROUNDS=args.rounds,
         NUM_TRANSPLANT_TREES=args.transplants,
         MIN_WORKERS=args.workers,

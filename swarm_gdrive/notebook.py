@@ -299,13 +299,14 @@ def node_env(
     GDRIVE_PATH is resolved for ``storage`` (:func:`shared_folder`) with the credentials and endpoint of this
     environment. ``model_cache_on_drive`` (the notebooks' MODEL_CACHE_ON_DRIVE): MODEL_CACHE_DIR on your own My
     Drive, see :func:`model_cache_env`."""
-    from swarm_gdrive.config import SMALL_MODEL_PRESET, swarm_env
+    from swarm_gdrive import presets
+    from swarm_gdrive.config import swarm_env
 
     lag = resolve_sync_lag(storage, sync_lag)
     env = swarm_env(
         gdrive_path,
         experiment,
-        SMALL_MODEL_PRESET if small_model else {},
+        presets.load("small-model") if small_model else {},
         {"SYNC_LAG": f"{lag:g}"} if lag is not None else {},
         **values,
     )
@@ -384,19 +385,21 @@ MOUNT_KEEP_CHECKPOINTS = "2"
 
 
 def apply_test_mode(env: dict[str, str], keep: Iterable[str] = ()) -> dict[str, str]:
-    """With TEST_MODE on in ``env``, the test preset (config.TEST_MODE_PRESET) replaces the notebook's own
+    """With TEST_MODE on in ``env``, the test preset (presets/test-mode.json) replaces the notebook's own
     values of its variables (its form's MAX_ROUNDS = 20, ...), except those named in ``keep`` (EXTRA_ENV's, a
     study's EVAL_BEFORE_TRAINING), and what changed and what was kept is printed: a user who ticks TEST_MODE gets
     the quick check. A node applies the preset only to variables not set, so the notebook must apply it here.
     Returns ``env``."""
-    from swarm_gdrive.config import TEST_MODE_PRESET, _parse_bool
+    from swarm_gdrive import presets
+    from swarm_gdrive.config import _parse_bool
 
     if not _parse_bool("TEST_MODE", env.get("TEST_MODE", "") or "false"):
         return env
     keep = set(keep)
-    preset = {var: value for var, value in TEST_MODE_PRESET.items() if var not in keep}
+    test_mode = presets.load("test-mode")
+    preset = {var: value for var, value in test_mode.items() if var not in keep}
     replaced = [f"{var}={value} (not {env[var]})" for var, value in preset.items() if env.get(var, value) != value]
-    kept = [f"{var}={env[var]}" for var in TEST_MODE_PRESET if var in keep and var in env]
+    kept = [f"{var}={env[var]}" for var in test_mode if var in keep and var in env]
     env.update(preset)
     said = ", ".join(f"{var}={value}" for var, value in preset.items())
     print(
