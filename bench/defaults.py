@@ -2,7 +2,7 @@
 
 Each cell trains a fresh copy of the model for ``--rounds`` rounds with the package's own GRPO workload
 (``GRPOWorkload.generate`` / ``train`` / ``evaluate``, in this process, no swarm: one worker, J = 0) on
-the demo's easy tasks (``SMALL_MODEL_PRESET``), with one setting changed from the baseline. Every cell
+the demo's easy tasks (the small-model preset), with one setting changed from the baseline. Every cell
 uses the same SEED and node name, so it draws the same questions and sampling seeds each round: the
 cells differ only in the setting. Held-out greedy pass@1 is measured before training (once: the model
 is the same) and after the last round, on the same questions for every cell.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-#: The baseline: the demo's settings (SMALL_MODEL_PRESET: lr 5e-6) with the package's other defaults.
+#: The baseline: the demo's settings (the small-model preset: lr 5e-6) with the package's other defaults.
 BASELINE = {
     "LEARNING_RATE": "5e-6",
     "WARMUP_STEPS": "0",
@@ -72,12 +72,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def cell_env(args: argparse.Namespace, folder: Path, cell: str) -> dict[str, str]:
-    from swarm_gdrive.config import SMALL_MODEL_PRESET, swarm_env
+    from swarm_gdrive import presets
+    from swarm_gdrive.config import swarm_env
 
     return swarm_env(
         folder,
         "defaults",
-        SMALL_MODEL_PRESET,
+        presets.load("small-model"),
         BASELINE,
         CELLS[cell],
         NODE_ROLE="worker",

@@ -18,7 +18,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from swarm_gdrive.config import SMALL_MODEL_PRESET
+from swarm_gdrive import presets
 from swarm_gdrive.training import hardware, memory
 from swarm_gdrive.training.memory import GIB, KNOWN, Settings
 
@@ -27,15 +27,16 @@ from swarm_gdrive.training.memory import GIB, KNOWN, Settings
 DEFAULT_WORKLOAD = Settings(
     num_train_samples=8, num_generations=8, max_new_tokens=256, prompt_tokens=256, eval_prompts=16 * 9
 )
-#: SMALL_MODEL_PRESET (the demo and the notebooks' small-model settings) with the demo's J = 1; prompts of 121 tokens
-#: (the longest of chain_sum and basic_arithmetic at their easiest, with the answer prefix).
+_SMALL = presets.load("small-model")
+#: The small-model preset (the demo and the notebooks' small-model settings) with the demo's J = 1; prompts of 121
+#: tokens (the longest of chain_sum and basic_arithmetic at their easiest, with the answer prefix).
 SMALL_WORKLOAD = Settings(
-    num_train_samples=int(SMALL_MODEL_PRESET["NUM_TRAIN_SAMPLES"]),
-    num_generations=int(SMALL_MODEL_PRESET["NUM_GENERATIONS"]),
+    num_train_samples=int(_SMALL["NUM_TRAIN_SAMPLES"]),
+    num_generations=int(_SMALL["NUM_GENERATIONS"]),
     num_transplant_trees=1,
-    max_new_tokens=int(SMALL_MODEL_PRESET["MAX_NEW_TOKENS"]),
+    max_new_tokens=int(_SMALL["MAX_NEW_TOKENS"]),
     prompt_tokens=121,
-    eval_prompts=int(SMALL_MODEL_PRESET["EVAL_SAMPLES"]) * 2,
+    eval_prompts=int(_SMALL["EVAL_SAMPLES"]) * 2,
 )
 WORKLOADS = {"default": DEFAULT_WORKLOAD, "small": SMALL_WORKLOAD}
 MODES = ("full fp32", "full bf16", "LoRA r=16")

@@ -2,8 +2,8 @@
 
 For each configuration a real swarm runs on a local folder: a coordinator and W workers as separate
 processes (``swarm_gdrive.procs.NodeProcess``), with the demo's easy-task settings (``swarm-gdrive
-demo``: easy chain_sum + basic_arithmetic, ``ANSWER_PREFIX``, lenient extraction; ``--preset demo``) or
-the sparse-signal regime (``--preset sparse``: config.SPARSE_SIGNAL_PRESET, harder settings of the same
+demo``: easy chain_sum + basic_arithmetic, ``ANSWER_PREFIX``, lenient extraction; ``--preset small-model``) or
+the sparse-signal regime (``--preset sparse-signal``: swarm_gdrive/presets/, harder settings of the same
 tasks, where the model solves about 5-25% and most local groups have zero variance) and the packaged
 SmolLM2-135M-Instruct. Held-out pass@1 is on ``--eval-samples`` (default 100) questions per task, reported
 with its standard error. Configuration ``I{i}-J{j}`` trains each round on ``i`` of a worker's own
@@ -17,7 +17,7 @@ written to ``bench/results/learning_<tag>.{json,md,png}``. A configuration alrea
 same settings is not run again (``--force`` reruns it), so a stopped study resumes where it stopped.
 
     python bench/learning.py --tag smollm2 --workers 3 --rounds 30          # the CPU study
-    python bench/learning.py --tag sparse --preset sparse --workers 3 --rounds 30
+    python bench/learning.py --tag sparse --preset sparse-signal --workers 3 --rounds 30
     python bench/learning.py --tag smoke --tiny --workers 2 --rounds 2      # seconds, a tiny model
 """
 
@@ -40,6 +40,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from swarm_gdrive import presets
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -95,26 +97,34 @@ def config_name(groups: int, j: int) -> str:
     return f"I{groups - j}-J{j}"
 
 
+def task_presets() -> list[presets.Preset]:
+    """The presets of swarm_gdrive/presets/ that set TASKS: the task settings a learning run or a study can take."""
+    return [p for p in map(presets.get, presets.names()) if "TASKS" in p.settings]
+
+
 def add_preset_option(p: argparse.ArgumentParser) -> None:
-    """--preset: the task settings of a learning run or a study (read by :func:`node_env`)."""
+    """--preset: the task settings of a learning run or a study (read by :func:`node_env`), a preset by its name or
+    an alias (``demo``, ``sparse``: the names earlier studies were run with)."""
+    choices = [name for preset in task_presets() for name in (preset.name, *preset.aliases)]
+    named = "; ".join(f"{t.name} (or {', '.join(t.aliases)})" if t.aliases else t.name for t in task_presets())
     p.add_argument(
         "--preset",
-        choices=("demo", "sparse"),
-        default="demo",
-        help="task settings: demo = SMALL_MODEL_PRESET (easy), sparse = SPARSE_SIGNAL_PRESET (5-25%% solved)",
+        choices=choices,
+        default="small-model",
+        help=f"task settings, a preset of swarm_gdrive/presets/ that sets TASKS: {named}",
     )
 
 
 def node_env(args: argparse.Namespace, folder: Path, experiment: str, j: int, local_dir: str) -> dict[str, str]:
-    """The environment of every node of one configuration: the demo's (local processes, the small-model preset),
-    with this study's settings."""
-    from swarm_gdrive.config import LOCAL_SWARM_PRESET, SMALL_MODEL_PRESET, SPARSE_SIGNAL_PRESET, swarm_env
+    """The environment of every node of one configuration: the demo's (local processes: the local-swarm preset),
+    the task preset ``--preset``, with this study's settings."""
+    from swarm_gdrive.config import swarm_env
 
     env = swarm_env(
         folder,
         experiment,
-        LOCAL_SWARM_PRESET,
-        SPARSE_SIGNAL_PRESET if getattr(args, "preset", "demo") == "sparse" else SMALL_MODEL_PRESET,
+        presets.load("local-swarm"),
+        presets.load(getattr(args, "preset", "small-model")),
         MAX_ROUNDS=args.rounds,
         NUM_TRANSPLANT_TREES=j,
         MIN_WORKERS=args.workers,

@@ -1,7 +1,7 @@
 """Learning in the two round modes (issue #28): ROUND_MODE=sync against ROUND_MODE=async, the same worker rounds.
 
 For each of ``--seeds`` swarm seeds, two swarms run at once on a local folder, a coordinator and W workers each as
-processes (``bench.study.run_all``: the demo's easy tasks or ``--preset sparse``, ``bench.learning.node_env``), one
+processes (``bench.study.run_all``: the demo's easy tasks or ``--preset sparse-signal``, ``learning.node_env``), one
 in each mode, with the same SEED, node names, I and J: worker-k draws the same question stream in both (a worker's
 questions of its round R are ``rng_for(SEED, node, R, ...)``, whatever the mode), and every worker plays MAX_ROUNDS
 of its own rounds in both. The seeds run one after another (``--seeds-in-turn`` of the study: a pair shares its

@@ -5,13 +5,13 @@ Q questions x G completions per task, sampled as the demo samples; reports the f
 groups with non-zero reward variance (the groups GRPO can learn from), the mean reward and
 the fraction of completions with a closed <answer> tag. Writes JSON and a Markdown table.
 
-With ``--presets``, measures instead each named study preset as a swarm would run it (its tasks, task
-config, answer prefix, extraction, temperature and MAX_NEW_TOKENS; questions drawn as training draws
+With ``--presets``, measures instead each named study preset (swarm_gdrive/presets/) as a swarm would run it (its
+tasks, task config, answer prefix, extraction, temperature and MAX_NEW_TOKENS; questions drawn as training draws
 them, held-out questions excluded): per task the solve rate (completions fully right) and the share of
 groups with zero reward variance (the local groups GRPO cannot learn from).
 
     python bench/signal_table.py --out bench/results/signal_table
-    python bench/signal_table.py --presets demo,sparse --questions 32 --out bench/results/signal_presets
+    python bench/signal_table.py --presets small-model,sparse-signal --questions 32 --out bench/results/signal_presets
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from swarm_gdrive.config import SMALL_MODEL_PRESET, SPARSE_SIGNAL_PRESET, Config
+from swarm_gdrive import presets
+from swarm_gdrive.config import Config
 from swarm_gdrive.protocol.records import standard_error
 from swarm_gdrive.training.models import load_model_and_tokenizer, resolve_model
 from swarm_gdrive.training.policy import PolicyTrainer, TrainSettings
@@ -40,8 +41,9 @@ OPTIONS = {  # name: (answer prefix, extraction, format weight)
     "prefix + lenient (demo)": (True, "lenient", 0.0),
 }
 
-#: Study presets ``--presets`` can measure: the easy demo and the sparse-signal regime.
-PRESETS = {"demo": SMALL_MODEL_PRESET, "sparse": SPARSE_SIGNAL_PRESET}
+#: Study presets ``--presets`` can measure: those of swarm_gdrive/presets/ that set TASKS (the easy demo's
+#: small-model, the sparse-signal regime), by name or alias.
+PRESETS = [p for p in map(presets.get, presets.names()) if "TASKS" in p.settings]
 
 
 def main() -> None:
@@ -53,7 +55,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--out", required=True, help="path without suffix; .json and .md are written")
     parser.add_argument(
-        "--presets", help=f"comma-separated study presets ({', '.join(PRESETS)}) to measure instead of the options"
+        "--presets",
+        help=f"comma-separated study presets ({', '.join(p.name for p in PRESETS)}) to measure instead of the options",
     )
     parser.add_argument("--seed", type=int, default=42, help="SEED (dataset and draws) for --presets")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (1 on a busy machine: no spin-waits)")
@@ -64,9 +67,10 @@ def main() -> None:
     model, tokenizer = load_model_and_tokenizer(source, torch.device("cpu"), torch.float32)
     if args.presets:
         names = [n.strip() for n in args.presets.split(",") if n.strip()]
-        unknown = [n for n in names if n not in PRESETS]
+        known = {n for p in PRESETS for n in (p.name, *p.aliases)}
+        unknown = [n for n in names if n not in known]
         if unknown:
-            parser.error(f"--presets: unknown {', '.join(unknown)}; choose from {', '.join(PRESETS)}")
+            parser.error(f"--presets: unknown {', '.join(unknown)}; choose from {', '.join(p.name for p in PRESETS)}")
         measure_presets(model, tokenizer, names, args)
         return
     settings = TrainSettings(max_new_tokens=args.new_tokens, temperature=args.temperature, gen_batch_size=64)
@@ -128,7 +132,7 @@ def measure_presets(model, tokenizer, names: list[str], args: argparse.Namespace
     rows = []
     started = time.monotonic()
     for name in names:
-        preset = PRESETS[name]
+        preset = presets.load(name)
         settings = TrainSettings(
             max_new_tokens=int(preset["MAX_NEW_TOKENS"]), temperature=float(preset["TEMPERATURE"]), gen_batch_size=64
         )
@@ -174,7 +178,7 @@ def measure_presets(model, tokenizer, names: list[str], args: argparse.Namespace
         "sampling": "each preset's own: answer prefix, extraction, temperature, MAX_NEW_TOKENS",
         "draws": "training draws (question_rng(seed, 'signal-table', 0, 0)), 100 held-out questions excluded",
         "seconds": round(time.monotonic() - started, 1),
-        "presets": {n: PRESETS[n] for n in names},
+        "presets": {n: presets.load(n) for n in names},
         "rows": rows,
     }
     out = Path(args.out)

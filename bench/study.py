@@ -1,7 +1,7 @@
 """SAPO study with replicated swarms (issue 15, part 5): J = 0 against J > 0, the swarm as the unit.
 
 For each of ``--seeds`` swarm seeds and each J of ``--transplants``, one swarm (a coordinator and W workers,
-processes on a local folder, the demo's easy tasks or ``--preset sparse``, ``bench.learning.node_env``) runs;
+processes on a local folder, the demo's easy tasks or ``--preset sparse-signal``, ``bench.learning.node_env``) runs;
 **all swarms run at once** on one machine or GPU, so that load and drift hit every configuration alike. Within a
 seed every configuration has the same SEED and node names (paired: worker-k draws the same question stream); seeds
 differ between replicates. Per swarm: cumulative training reward (each worker's sum over rounds of its
@@ -396,7 +396,12 @@ def _f(x: float | None, fmt: str = "{:.3f}") -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
 
-_PRESETS = {"demo": "the demo's easy tasks", "sparse": "the sparse-signal tasks (config.SPARSE_SIGNAL_PRESET)"}
+def _preset_tasks(name: str) -> str:
+    """The task settings a study ran with, as its report names them: a preset of swarm_gdrive/presets/."""
+    from swarm_gdrive import presets
+
+    preset = presets.get(name)
+    return f"the {preset.name} preset's tasks (swarm_gdrive/presets/{preset.name}.json)"
 
 
 def markdown(study: dict) -> str:
@@ -412,8 +417,9 @@ def markdown(study: dict) -> str:
             else f"all {n * len(js)} swarms at once on "
         )
         + f"{study['device']}; {study['workers']} workers a swarm, I + J = {study['groups']}, G = "
-        f"{study['generations']}, {_PRESETS[study.get('preset', 'demo')]}. Analysed over the {a['rounds_common']} "
-        f"rounds every swarm completed (asked: {study['rounds']}); held-out pass@1 at round {a['eval_rounds'][1]} "
+        f"{study['generations']}, {_preset_tasks(study.get('preset', 'small-model'))}. Analysed over the "
+        f"{a['rounds_common']} rounds every swarm completed (asked: {study['rounds']}); held-out pass@1 at round "
+        f"{a['eval_rounds'][1]} "
         f"(first shared evaluation: round {a['eval_rounds'][0]}). Wall time {study['run'].get('wall_s')} s"
         + (", stopped at the timeout" if study["run"].get("timed_out") else "")
         + ".",
