@@ -26,7 +26,10 @@ import re
 from collections.abc import Mapping
 from importlib import resources
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable  # Python 3.11+; a folder of files, a Path included
 
 #: Where the presets are, as a user finds them in the repository.
 FOLDER = "swarm_gdrive/presets"
@@ -75,11 +78,18 @@ def load(name: str) -> dict[str, str]:
 
 @functools.cache
 def _presets() -> dict[str, Preset]:
+    """This package's presets, read once (the files ship with the package: setup.py's package_data)."""
+    return read_folder(resources.files(__name__))
+
+
+def read_folder(folder: Traversable, label: str = FOLDER) -> dict[str, Preset]:
+    """Every ``*.json`` preset of ``folder`` by name, checked and with ``extends`` resolved; ``label`` names the
+    folder in error messages."""
     raw = {}
-    for entry in sorted(resources.files(__name__).iterdir(), key=lambda e: e.name):
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".json"):
             name = entry.name.removesuffix(".json")
-            where = f"{FOLDER}/{entry.name}"
+            where = f"{label}/{entry.name}"
             if not _NAME.match(name):
                 raise PresetError(f"{where}: a preset's name is lower-case letters, digits and '-'; rename the file")
             try:
@@ -89,8 +99,8 @@ def _presets() -> dict[str, Preset]:
             _check(where, raw[name])
     presets: dict[str, Preset] = {}
     for name in raw:
-        _resolve(name, raw, presets, ())
-    _check_aliases(presets)
+        _resolve(name, raw, presets, (), label)
+    _check_aliases(presets, label)
     return presets
 
 
@@ -127,11 +137,11 @@ def _check(where: str, data: Any) -> None:
         raise PresetError(f"{where}: 'extends' is the name of another preset")
 
 
-def _resolve(name: str, raw: dict[str, dict], done: dict[str, Preset], chain: tuple[str, ...]) -> Preset:
+def _resolve(name: str, raw: dict[str, dict], done: dict[str, Preset], chain: tuple[str, ...], label: str) -> Preset:
     """``name`` with its base's settings first (bases resolved first; a circle of ``extends`` is an error)."""
     if name in done:
         return done[name]
-    where = f"{FOLDER}/{name}.json"
+    where = f"{label}/{name}.json"
     data = raw[name]
     settings: dict[str, str] = {}
     why: dict[str, str] = {}
@@ -141,7 +151,7 @@ def _resolve(name: str, raw: dict[str, dict], done: dict[str, Preset], chain: tu
             raise PresetError(f"{where}: extends {base!r}, which is not a preset; the presets are {', '.join(raw)}")
         if base in chain or base == name:
             raise PresetError(f"{where}: 'extends' goes round in a circle: {' -> '.join((*chain, name, base))}")
-        parent = _resolve(base, raw, done, (*chain, name))
+        parent = _resolve(base, raw, done, (*chain, name), label)
         settings.update(parent.settings)
         why.update(parent.why)
     for var, value in data["settings"].items():
@@ -159,7 +169,7 @@ def _resolve(name: str, raw: dict[str, dict], done: dict[str, Preset], chain: tu
     return done[name]
 
 
-def _check_aliases(presets: dict[str, Preset]) -> None:
+def _check_aliases(presets: dict[str, Preset], label: str) -> None:
     """An alias names one preset only, and no preset is named like another's alias."""
     seen: dict[str, str] = {}
     for preset in presets.values():
@@ -167,6 +177,6 @@ def _check_aliases(presets: dict[str, Preset]) -> None:
             if alias in presets or alias in seen:
                 other = seen.get(alias, alias)
                 raise PresetError(
-                    f"{FOLDER}/{preset.name}.json: alias {alias!r} already names the preset {other!r}; choose another"
+                    f"{label}/{preset.name}.json: alias {alias!r} already names the preset {other!r}; choose another"
                 )
             seen[alias] = preset.name
