@@ -217,7 +217,6 @@ OTHER_CAPS = [
     ("training/checkpoint.py", "MAX_MANIFEST_BYTES", "a checkpoint's `checkpoint.json`"),
     ("training/checkpoint.py", "MAX_MANIFEST_FILES", "files a checkpoint manifest lists"),
     ("training/checkpoint.py", "MAX_FILE_BYTES", "one file a manifest lists (its `size`)"),
-    ("training/checkpoint.py", "MAX_JSON_BYTES", "a checkpoint's JSON file (`trainer_state.json`, …)"),
     ("training/adapters.py", "MAX_ADAPTER_CONFIG_BYTES", "a checkpoint's `adapter_config.json`"),
     ("storage/drive.py", "INLINE_MAX_BYTES", "a file carried in its Drive listing entry (§15.2)"),
 ]
