@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from swarm_gdrive.observe.analysis import common_rounds
+from swarm_gdrive.observe.figure_texts import FIGURE_TEXTS, figure_texts  # noqa: F401 (FIGURE_TEXTS: for readers)
 from swarm_gdrive.observe.monitor import Snapshot, external_per_worker
 
 NO_DATA = "no data yet"
@@ -27,6 +28,11 @@ FIGSIZE = (8.0, 4.5)
 ROLLING = 5
 #: Task panels of the held-out figure at most (the most evaluated tasks; reasoning-gym mixes use about ten).
 EVAL_TASKS_SHOWN = 12
+
+
+def _title(name: str, is_async: bool = False) -> str:
+    """The title a figure draws on itself (:data:`~swarm_gdrive.observe.figure_texts.FIGURE_TEXTS`)."""
+    return figure_texts("title", is_async)[name]
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -117,7 +123,7 @@ def _metric(snapshot: Snapshot, key: str) -> pd.DataFrame:
 
 def reward_per_round(snapshot: Snapshot, window: int = ROLLING) -> Figure:
     """Reward per node per round (dots) with a ``window``-round rolling mean (line)."""
-    title = "Training reward per round"
+    title = _title("reward_per_round")
     if snapshot.rewards.empty:
         return _no_data(title)
     fig, ax, per_round, colors = _reward_figure(snapshot)
@@ -140,7 +146,7 @@ def reward_per_round(snapshot: Snapshot, window: int = ROLLING) -> Figure:
 
 def cumulative_reward(snapshot: Snapshot) -> Figure:
     """Each node's cumulative sum of its per-round mean reward."""
-    title = "Cumulative training reward"
+    title = _title("cumulative_reward")
     if snapshot.rewards.empty:
         return _no_data(title)
     fig, ax, per_round, colors = _reward_figure(snapshot)
@@ -157,7 +163,7 @@ def cumulative_reward(snapshot: Snapshot) -> Figure:
 
 def swarm_reward_spread(snapshot: Snapshot) -> Figure:
     """Swarm mean reward per round with a +-1 std band, min and max, and each node's value as a dot."""
-    title = "Swarm reward: mean +- std, min/max"
+    title = _title("swarm_reward_spread")
     if snapshot.rewards.empty:
         return _no_data(title)
     fig, ax, per_round, colors = _reward_figure(snapshot)
@@ -192,7 +198,7 @@ def _metric_times(snapshot: Snapshot, key: str) -> pd.DataFrame:
 def reward_over_time(snapshot: Snapshot) -> Figure:
     """Asynchronous rounds: each worker's reward (``reward/local_mean`` of its stage lines) over wall-clock time,
     beside the same over its own rounds: a fast worker's rounds are not a slow one's, the clock is shared."""
-    title = "Training reward over time and over each worker's own rounds"
+    title = _title("reward_over_time")
     rows = _metric_times(snapshot, "reward/local_mean")
     if rows.empty:
         return _no_data(title, "(no reward/local_mean metrics)")
@@ -215,7 +221,7 @@ def external_staleness(snapshot: Snapshot) -> Figure:
     """Asynchronous rounds, per worker: the fill rate of its external groups (received / asked, reward records),
     and the age (seconds, on the taker's clock) and staleness (the taker's own rounds) of each group it took
     (its ``externals_taken`` events), each a dot over a box."""
-    title = "External groups: fill and staleness per worker"
+    title = _title("external_staleness")
     fill, taken = external_per_worker(snapshot), snapshot.externals
     if fill.empty and taken.empty:
         return _no_data(title, "(no worker asked for external groups)")
@@ -249,7 +255,7 @@ def external_staleness(snapshot: Snapshot) -> Figure:
 def _async_progress(snapshot: Snapshot) -> Figure:
     """Asynchronous rounds: each worker's own round over time (its end-of-round lines), and the coordinator's
     ``swarm/live_workers`` over time."""
-    title = "Workers' own rounds over time"
+    title = _title("live_workers", is_async=True)
     ends, coord = _metric_times(snapshot, "round/seconds"), _metric_times(snapshot, "swarm/live_workers")
     if ends.empty and coord.empty:
         return _no_data(title)
@@ -282,7 +288,7 @@ def live_workers(snapshot: Snapshot) -> Figure:
     Asynchronous, where rounds are no common clock: each worker's own round and the live workers over time."""
     if snapshot.is_async:
         return _async_progress(snapshot)
-    title = "Live workers per round"
+    title = _title("live_workers")
     coord = _metric(snapshot, "swarm/live_workers")
     if snapshot.rewards.empty and coord.empty:
         return _no_data(title)
@@ -306,7 +312,7 @@ def live_workers(snapshot: Snapshot) -> Figure:
 
 def rollouts_exchanged(snapshot: Snapshot) -> Figure:
     """Groups published per round (stacked by node) and external groups each node trained on."""
-    title = "Rollouts exchanged"
+    title = _title("rollouts_exchanged")
     rollouts, rewards = snapshot.rollouts_per_round, snapshot.rewards
     used_metric = _metric(snapshot, "swarm/external_used")
     if rollouts.empty and rewards.empty and used_metric.empty:
@@ -344,7 +350,7 @@ def rollouts_exchanged(snapshot: Snapshot) -> Figure:
 
 def reward_histogram(snapshot: Snapshot, bins: int = 20) -> Figure:
     """Distribution of reward-file rewards, one step histogram per node."""
-    title = "Reward distribution"
+    title = _title("reward_histogram")
     rewards = snapshot.rewards
     if rewards.empty:
         return _no_data(title)
@@ -363,7 +369,7 @@ def reward_histogram(snapshot: Snapshot, bins: int = 20) -> Figure:
 
 def completion_lengths(snapshot: Snapshot) -> Figure:
     """Mean completion length per node per round (metric ``completion/length_mean``)."""
-    title = "Completion length"
+    title = _title("completion_lengths")
     lengths = _metric(snapshot, "completion/length_mean")
     if lengths.empty:
         return _no_data(title, "(no completion/length_mean metrics)")
@@ -381,7 +387,7 @@ def completion_lengths(snapshot: Snapshot) -> Figure:
 
 def eval_pass1(snapshot: Snapshot) -> Figure:
     """Held-out pass@1 per node with ± 1 standard error bars, one panel per task, over rounds (lowest level)."""
-    title = "Held-out pass@1"
+    title = _title("eval_pass1")
     evals = snapshot.evals
     if evals.empty:
         return _no_data(title, "(no evaluations)")
@@ -420,7 +426,7 @@ def training(snapshot: Snapshot) -> Figure:
     """What TRL users judge a GRPO run by, per node per round: loss, gradient norm, KL, clip ratio, the fraction of
     groups without reward variance, and the reward of the node's own completions against the external ones it
     trained on (the SAPO mix). A panel whose metric no node logged says so."""
-    title = "Training"
+    title = _title("training")
     logged = {key: _metric(snapshot, key) for key in TRAINING_PANELS}
     local, external = _metric(snapshot, "reward/local_mean"), _metric(snapshot, "reward/external_mean")
     if all(rows.empty for rows in logged.values()) and local.empty:
@@ -461,7 +467,7 @@ def time_split(snapshot: Snapshot) -> Figure:
     """Where a worker's round goes: generation, the gather of other nodes' rollouts, training, and the rest of the
     round (a held-out evaluation, a checkpoint, its writes), mean over workers, stacked per round. The wait for
     the next round falls between rounds and is not in it."""
-    title = "Time split of a worker's round"
+    title = _title("time_split")
     totals = _metric(snapshot, "round/seconds")
     if totals.empty:
         return _no_data(title)
@@ -489,7 +495,7 @@ def experiments_overlay(snapshots: dict[str, Snapshot]) -> Figure:
     its cumulative sum, and held-out pass@1 (mean over workers and tasks) where evaluated; one color and
     marker per experiment. An asynchronous experiment's curves stop at the rounds every worker has played (each its
     own, as ``compare`` counts them): beyond, the mean would be the fast workers' alone."""
-    title = "Experiments compared"
+    title = _title("experiments_overlay")
     if all(s.rewards.empty for s in snapshots.values()):
         return _no_data(title, "(no rewards in any of them)")
     fig = Figure(figsize=(15.0, 4.5))

@@ -12,26 +12,10 @@ import logging
 from pathlib import Path
 
 from swarm_gdrive.observe import monitor, plots
+from swarm_gdrive.observe.figure_texts import figure_texts
 from swarm_gdrive.storage import Storage
 
 logger = logging.getLogger(__name__)
-
-FIGURE_TITLES = {
-    "reward_per_round": "Training reward per worker per round, with its rolling mean",
-    "cumulative_reward": "Cumulative training reward",
-    "swarm_reward_spread": "Swarm mean and spread of reward",
-    "live_workers": "Live workers per round",
-    "rollouts_exchanged": "Rollouts published and external groups used per round",
-    "reward_histogram": "Reward histogram",
-    "completion_lengths": "Completion lengths",
-    "eval_pass1": "Held-out pass@1 per worker and task",
-    "time_split": "Time split of a worker's round: generate, gather, train, the rest",
-    "training": "Training: loss, grad norm, KL, clip ratio, zero-variance fraction, own against external reward",
-    "reward_over_time": "Training reward over wall-clock time and over each worker's own rounds (asynchronous)",
-    "external_staleness": "External groups per worker: fill rate, age and staleness of those taken (asynchronous)",
-}
-#: Asynchronous, the live-workers figure shows each worker's own round over time.
-ASYNC_TITLES = {"live_workers": "Each worker's own round and the live workers over time"}
 
 
 def write_report(storage: Storage, experiment: str, out: Path) -> list[Path]:
@@ -47,7 +31,7 @@ def write_report(storage: Storage, experiment: str, out: Path) -> list[Path]:
     if workers is not None:
         files.append(out / "workers.csv")
         workers.to_csv(files[-1], index=False)
-    titles = {**FIGURE_TITLES, **ASYNC_TITLES} if snapshot.is_async else FIGURE_TITLES
+    titles = figure_texts("report", snapshot.is_async)
     figures = []
     for name, figure in plots.all_figures(snapshot).items():
         path = out / f"{name}.png"

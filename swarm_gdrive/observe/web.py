@@ -23,30 +23,21 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+from swarm_gdrive.observe.figure_texts import FIGURE_TEXTS
 from swarm_gdrive.observe.monitor import _state_summary, findings, list_experiments, load, reader_config, status_table
 from swarm_gdrive.storage import Storage
 
 logger = logging.getLogger(__name__)
 
 REFRESH_S = 10.0
-#: The figures on the page, in order, with their captions.
+#: The figures on the page, in order, with their captions (the captions: ``figure_texts.FIGURE_TEXTS``).
 FIGURES = {
-    "reward_per_round": "Reward per node per round",
-    "rollouts_exchanged": "The SAPO mix: rollouts published and external groups used",
-    "eval_pass1": "Held-out pass@1",
-    "live_workers": "Live workers",
-    "time_split": "Time split of a round",
-    "training": "Training: loss, grad norm, KL, clip ratio, zero-variance fraction, own against external reward",
+    name: FIGURE_TEXTS[name].page
+    for name in ("reward_per_round", "rollouts_exchanged", "eval_pass1", "live_workers", "time_split", "training")
 }
 #: Asynchronous rounds (ROUND_MODE=async): these figures too, and other captions where a figure shows time.
-ASYNC_FIGURES = {
-    "reward_over_time": "Reward over wall-clock time and over each worker's own rounds",
-    "external_staleness": "External groups per worker: fill rate, age and staleness of those taken",
-}
-ASYNC_CAPTIONS = {
-    "live_workers": "Each worker's own round and the live workers over time",
-    "reward_per_round": "Reward per node per round (each worker's own rounds)",
-}
+ASYNC_FIGURES = {name: text.async_page for name, text in FIGURE_TEXTS.items() if text.async_page and not text.page}
+ASYNC_CAPTIONS = {name: text.async_page for name, text in FIGURE_TEXTS.items() if text.async_page and text.page}
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
