@@ -15,11 +15,20 @@ from __future__ import annotations
 
 import re
 
-from swarm_gdrive.storage.base import is_temporary
-
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 #: Device names Windows reserves in any case, also before an extension ("nul.json", "com1.tar.gz").
 _WINDOWS_RESERVED = re.compile(r"(con|prn|aux|nul|com[0-9]|lpt[0-9])(\..*)?", re.IGNORECASE)
+
+
+def is_temporary(name: str) -> bool:
+    """True for names that are never a finished protocol file: hidden, editor or sync temporaries.
+
+    Every backend writes a file under a temporary name first and lists none of them (unless asked), so a
+    reader never sees a half-written file; names that look like one are refused as protocol names too.
+    (Part of the storage contract, kept here on the bottom floor so that every settings module may check names.)
+    """
+    return name.startswith((".", "~")) or name.endswith((".tmp", ".partial", ".part"))
+
 
 SAFE_FIX = "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit (no '/', no '..')"
 

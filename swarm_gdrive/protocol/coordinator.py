@@ -30,7 +30,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from swarm_gdrive import logctx
-from swarm_gdrive.config import Config
 from swarm_gdrive.protocol.exchange import Exchange, RunChangedError, listing_key
 from swarm_gdrive.protocol.heartbeat import Heartbeat
 from swarm_gdrive.protocol.layout import Layout, parse_round_dir
@@ -38,6 +37,7 @@ from swarm_gdrive.protocol.metrics import NodeLog
 from swarm_gdrive.protocol.polling import BRISK_FRACTION, Backoff, Pacer, RoundClock, Stopped, wait_for
 from swarm_gdrive.protocol.progress import SwarmProgress
 from swarm_gdrive.protocol.records import ExperimentRecord, PeerRecord, StateRecord
+from swarm_gdrive.protocol.settings import ProtocolSettings
 from swarm_gdrive.protocol.tracking import tracking_for
 from swarm_gdrive.storage import FileInfo, Storage
 
@@ -216,7 +216,7 @@ class Coordinator:
 
     def __init__(
         self,
-        config: Config,
+        config: ProtocolSettings,
         storage: Storage,
         node_id: str,
         stop: threading.Event,

@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from swarm_gdrive.config import Config
+from swarm_gdrive.protocol.settings import ProtocolSettings
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def wandb_id(experiment: str, run_id: str, node_id: str) -> str:
     return f"{text[:47]}-{digest}"
 
 
-def tracking_for(config: Config, node_id: str) -> Tracking:
+def tracking_for(config: ProtocolSettings, node_id: str) -> Tracking:
     """The trackers REPORT_TO names, for this node (none: a Tracking that does nothing)."""
     return Tracking(
         config.trackers,

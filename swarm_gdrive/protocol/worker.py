@@ -19,7 +19,6 @@ import threading
 import time
 
 from swarm_gdrive import logctx, progress
-from swarm_gdrive.config import Config
 from swarm_gdrive.protocol.coordinator import ExperimentMismatchError
 from swarm_gdrive.protocol.exchange import Exchange, RunChangedError, retention_seconds
 from swarm_gdrive.protocol.gather import Gathered, PeerGather
@@ -38,6 +37,7 @@ from swarm_gdrive.protocol.records import (
     StateRecord,
 )
 from swarm_gdrive.protocol.sapo import ScoredGroup, Selection
+from swarm_gdrive.protocol.settings import ProtocolSettings
 from swarm_gdrive.protocol.tracking import tracking_for
 from swarm_gdrive.protocol.trust import CONFIRM_SECONDS, StateFollower
 from swarm_gdrive.protocol.workload import StageContext, Workload
@@ -71,7 +71,7 @@ class Worker:
     """Runs rounds for one worker node until the experiment finishes or the node is stopped."""
 
     def __init__(
-        self, config: Config, storage: Storage, identity: Identity, workload: Workload, stop: threading.Event
+        self, config: ProtocolSettings, storage: Storage, identity: Identity, workload: Workload, stop: threading.Event
     ) -> None:
         self.config = config
         self.node_id = identity.node_id

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from swarm_gdrive.storage.base import (
     DEFAULT_MAX_READ_BYTES,
     FileInfo,
@@ -12,9 +10,7 @@ from swarm_gdrive.storage.base import (
     StorageError,
 )
 from swarm_gdrive.storage.local import LocalStorage
-
-if TYPE_CHECKING:
-    from swarm_gdrive.config import Config
+from swarm_gdrive.storage.settings import StorageSettings
 
 __all__ = [
     "DEFAULT_MAX_READ_BYTES",
@@ -53,7 +49,7 @@ def open_storage(
     return LocalStorage(location)
 
 
-def storage_for(config: Config) -> Storage:
+def storage_for(config: StorageSettings) -> Storage:
     """The backend a node, or a reader such as ``swarm-gdrive status``, opens for ``config``."""
     return open_storage(
         config.gdrive_path,

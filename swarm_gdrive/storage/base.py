@@ -24,6 +24,10 @@ from tenacity import (
 )
 from tenacity.wait import wait_base
 
+# The temporaries' rule is part of this contract; it is defined on the bottom floor (names), under storage, so that
+# settings can check names without importing storage. Backends and tests import it from here.
+from swarm_gdrive.names import is_temporary  # noqa: F401
+
 logger = logging.getLogger(__name__)
 
 #: Default cap for one read; callers pass tighter caps per file kind.
@@ -73,16 +77,7 @@ class PathBlockedError(StorageError):
         super().__init__(f"{path}: not written: {where} {why}; remove {where} by hand")
 
 
-# -- temporary names: part of the storage contract -----------------------------------------------------------
-
-
-def is_temporary(name: str) -> bool:
-    """True for names that are never a finished protocol file: hidden, editor or sync temporaries.
-
-    Every backend writes a file under a temporary name first and lists none of them (unless asked), so a
-    reader never sees a half-written file; names that look like one are refused as protocol names too.
-    """
-    return name.startswith((".", "~")) or name.endswith((".tmp", ".partial", ".part"))
+# -- temporary names: part of the storage contract (is_temporary: imported above) ----------------------------
 
 
 def temp_name_for(name: str) -> str:

@@ -33,7 +33,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from swarm_gdrive.config import LOSS_TYPES, SCALE_REWARDS  # one definition, which LOSS_TYPE/SCALE_REWARDS accept
+# One definition, which LOSS_TYPE/SCALE_REWARDS accept.
+from swarm_gdrive.training.settings import LOSS_TYPES, SCALE_REWARDS
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from swarm_gdrive.config import Config
 from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.protocol.records import MAX_BYTES, RolloutGroup, TaskEval, standard_error
 from swarm_gdrive.protocol.sapo import ScoredGroup, rng_for
@@ -37,6 +36,7 @@ from swarm_gdrive.training.policy import (
     pick_weight_dtype,
 )
 from swarm_gdrive.training.rewards import ANSWER_OPEN
+from swarm_gdrive.training.settings import TrainingSettings
 from swarm_gdrive.training.tasks import TaskBank, build_messages, parse_task_mix, question_rng
 from swarm_gdrive.training.threads import ThreadPlan
 
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 IDS_SHARE_OF_CAP = 0.5
 
 
-def settings_from(config: Config) -> TrainSettings:
+def settings_from(config: TrainingSettings) -> TrainSettings:
     """The trainer's settings from the node's configuration."""
     return TrainSettings(
         max_new_tokens=config.max_new_tokens,
@@ -71,7 +71,7 @@ def settings_from(config: Config) -> TrainSettings:
     )
 
 
-def lora_settings(config: Config) -> adapters.LoraSettings | None:
+def lora_settings(config: TrainingSettings) -> adapters.LoraSettings | None:
     """LORA_R and its companions; None for a full fine-tune (LORA_R=0)."""
     if config.lora_r <= 0:
         return None
@@ -107,7 +107,7 @@ class GRPOWorkload:
 
     stateless = False  # a model, its optimizer and RNG states: checkpointed and resumed
 
-    def __init__(self, config: Config, storage: Storage, node_id: str, stop: threading.Event) -> None:
+    def __init__(self, config: TrainingSettings, storage: Storage, node_id: str, stop: threading.Event) -> None:
         self.config = config
         self.storage = storage
         self.node_id = node_id
@@ -218,7 +218,7 @@ class GRPOWorkload:
                 token_ids=[o.token_ids for o in out] if self.share_ids else None,
             )
 
-    def _ids_fit(self, config: Config) -> bool:
+    def _ids_fit(self, config: TrainingSettings) -> bool:
         """Whether a stage's sampled ids fit in half a rollout file's cap, at worst (I x G x MAX_NEW_TOKENS ids of
         the longest id's digits and a comma); beyond it they are not shared, and peers re-tokenize the texts."""
         per_id = len(str(max(self.codec.vocab_size - 1, 0))) + 1

@@ -49,6 +49,19 @@ def test_a_protocol_module_importing_observation_breaks_the_contracts(tmp_path):
     assert "swarm_gdrive.protocol.worker -> swarm_gdrive.observe.monitor" in result.stdout
 
 
+def test_an_import_only_for_type_checkers_that_reaches_up_breaks_the_contracts(tmp_path):
+    """Imports under TYPE_CHECKING count too: storage naming the composed Config only for type checkers is caught."""
+    copy = tmp_path / "copy"
+    shutil.copytree(PACKAGE, copy / "swarm_gdrive", ignore=shutil.ignore_patterns("__pycache__"))
+    init = copy / "swarm_gdrive" / "storage" / "__init__.py"
+    typed = "\nimport typing\n\nif typing.TYPE_CHECKING:\n    from swarm_gdrive.config import Config  # noqa\n"
+    init.write_text(init.read_text() + typed)
+    result = lint_imports(tmp_path, copy)
+    assert result.returncode != 0
+    assert "Storage imports nothing of the package above it BROKEN" in result.stdout
+    assert "swarm_gdrive.storage -> swarm_gdrive.config" in result.stdout
+
+
 def test_no_module_imports_itself_through_others():
     """No import circle between any two modules of the package (function-level imports included)."""
     graph = grimp.build_graph("swarm_gdrive")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from swarm_gdrive import config as config_module
 from swarm_gdrive.config import ConfigError, from_env
+from swarm_gdrive.protocol import settings as protocol_settings
 from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.protocol.metrics import NodeLog
 from swarm_gdrive.protocol.tracking import TRL_KEYS, Tracking, tracker_key, tracking_for, wandb_id
@@ -83,7 +83,7 @@ def test_report_to_errors_name_the_setting_and_the_fix(tmp_path, monkeypatch):
         from_env(env(tmp_path, REPORT_TO="mlflow"))
     with pytest.raises(ConfigError, match="REPORT_TO='none,wandb'"):
         from_env(env(tmp_path, REPORT_TO="none,wandb"))
-    monkeypatch.setattr(config_module, "_installed", lambda package: package != "wandb")
+    monkeypatch.setattr(protocol_settings, "_installed", lambda package: package != "wandb")
     with pytest.raises(ConfigError) as err:
         from_env(env(tmp_path, REPORT_TO="tensorboard,wandb"))
     assert "the wandb package is not installed: pip install 'swarm-gdrive[wandb]'" in str(err.value)
