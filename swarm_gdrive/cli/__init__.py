@@ -29,13 +29,13 @@ from swarm_gdrive.config import env_fields, settings_markdown
 __all__ = ["build_parser", "demo_env", "main"]
 
 
-def _cmd_run(_args: argparse.Namespace) -> int:
+def run_main(_args: argparse.Namespace) -> int:
     from swarm_gdrive.launcher import run_node
 
     return run_node(own_process=True)
 
 
-def _cmd_env(args: argparse.Namespace) -> int:
+def env_main(args: argparse.Namespace) -> int:
     if args.markdown:
         print(settings_markdown(), end="")
         return 0
@@ -47,8 +47,8 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 #: Each command's entry point: it returns the exit code.
 HANDLERS = {
-    "run": _cmd_run,
-    "env": _cmd_env,
+    "run": run_main,
+    "env": env_main,
     "memory": memory_main,
     "demo": demo_main,
     "report": report_main,

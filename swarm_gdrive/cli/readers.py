@@ -108,6 +108,15 @@ def compare_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_status_parser(sub: Any) -> argparse.ArgumentParser:
+    parser = sub.add_parser("status", help="the experiment now: workers, heartbeats, rewards, findings (reads only)")
+    add_reader_arguments(parser)
+    parser.add_argument(
+        "--watch", type=float, metavar="SECONDS", help="show it again every SECONDS until Ctrl-C (a live view)"
+    )
+    return parser
+
+
 def status_main(args: argparse.Namespace) -> int:
     watch = getattr(args, "watch", None)
     if watch is not None and not watch > 0:
@@ -137,6 +146,15 @@ def status_main(args: argparse.Namespace) -> int:
         return 0
 
 
+def add_validate_parser(sub: Any) -> argparse.ArgumentParser:
+    parser = sub.add_parser("validate", help="check a finished TEST_MODE run; exit 1 when a check fails (reads only)")
+    parser.add_argument("--rounds", type=int, required=True, help="rounds the run should have completed")
+    parser.add_argument("--nodes", type=int, required=True, help="workers that should have registered")
+    parser.add_argument("--transplants", type=int, default=0, help="J: also check rollouts and external groups")
+    add_reader_arguments(parser)
+    return parser
+
+
 def validate_main(args: argparse.Namespace) -> int:
     config, storage = reader_config(args)
     if config is None:
@@ -150,24 +168,6 @@ def validate_main(args: argparse.Namespace) -> int:
         failed += bool(failures)
     print(f"{'all checks passed' if not failed else f'{failed} check(s) failed'}")
     return 0 if not failed else 1
-
-
-def add_status_parser(sub: Any) -> argparse.ArgumentParser:
-    parser = sub.add_parser("status", help="the experiment now: workers, heartbeats, rewards, findings (reads only)")
-    add_reader_arguments(parser)
-    parser.add_argument(
-        "--watch", type=float, metavar="SECONDS", help="show it again every SECONDS until Ctrl-C (a live view)"
-    )
-    return parser
-
-
-def add_validate_parser(sub: Any) -> argparse.ArgumentParser:
-    parser = sub.add_parser("validate", help="check a finished TEST_MODE run; exit 1 when a check fails (reads only)")
-    parser.add_argument("--rounds", type=int, required=True, help="rounds the run should have completed")
-    parser.add_argument("--nodes", type=int, required=True, help="workers that should have registered")
-    parser.add_argument("--transplants", type=int, default=0, help="J: also check rollouts and external groups")
-    add_reader_arguments(parser)
-    return parser
 
 
 def add_dashboard_parser(sub: Any) -> argparse.ArgumentParser:
