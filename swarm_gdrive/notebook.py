@@ -129,16 +129,29 @@ def share_instructions(name: str, folder_id: str) -> str:
     )
 
 
+#: The settings that say how the Drive API is reached, in :func:`~swarm_gdrive.storage.drive.build_service`'s order.
+DRIVE_API_SETTINGS = ("GOOGLE_APPLICATION_CREDENTIALS", "GDRIVE_TOKEN_FILE", "GDRIVE_API_URL")
+
+
+def _drive_api_settings(environ: Mapping[str, str]) -> tuple[str | None, ...]:
+    """:data:`DRIVE_API_SETTINGS` of ``environ``, parsed by the settings' own fields (their parsers, defaults and
+    messages), so the notebook reaches Drive with the values a node started on ``environ`` would use; the rest of
+    ``environ`` is not read (no GDRIVE_PATH is needed before the shared folder is resolved)."""
+    from swarm_gdrive.config import env_fields
+
+    fields = {f.metadata["env"]: f for f in env_fields()}
+    return tuple(
+        fields[var].metadata["parse"](var, environ[var]) if var in environ else fields[var].default
+        for var in DRIVE_API_SETTINGS
+    )
+
+
 def _drive_service(environ: Mapping[str, str]) -> Any:
-    """A Drive client with the credentials and the endpoint that ``environ`` names (GOOGLE_APPLICATION_CREDENTIALS,
-    GDRIVE_TOKEN_FILE, GDRIVE_API_URL); in Colab, the sign-in's."""
+    """A Drive client with the credentials and the endpoint that ``environ`` names (:data:`DRIVE_API_SETTINGS`);
+    in Colab, the sign-in's."""
     from swarm_gdrive.storage.drive import build_service
 
-    return build_service(
-        environ.get("GOOGLE_APPLICATION_CREDENTIALS") or None,
-        environ.get("GDRIVE_TOKEN_FILE") or None,
-        environ.get("GDRIVE_API_URL") or None,
-    )
+    return build_service(*_drive_api_settings(environ))
 
 
 def my_drive_id(environ: Mapping[str, str]) -> str:

@@ -1,5 +1,6 @@
 """The read-only monitor: an experiment folder into tables (:func:`load`), health findings
-(:func:`findings`), the TEST_MODE validator (:func:`validate`) and the ``status`` / ``validate`` commands.
+(:func:`findings`) and the TEST_MODE validator (:func:`validate`); the ``status`` / ``validate`` commands that print
+them are :mod:`swarm_gdrive.cli.readers`.
 
 The monitor never writes to the shared folder: it lists and reads through
 :class:`~swarm_gdrive.protocol.exchange.Exchange` (capped, validated, cross-checked) and the log files
@@ -9,10 +10,7 @@ where a file belongs) is a problem of the snapshot, reported by the ``unreadable
 
 from __future__ import annotations
 
-import argparse
 import math
-import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -862,37 +860,6 @@ def summary_table(storage: Storage, experiment: str) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in lines)
 
 
-def reader_config(args: argparse.Namespace, check_known: bool = True):
-    """(config, storage) for a reading command (status, validate, report, compare, dashboard) from ``--folder``
-    / ``--experiment`` and the environment; (None, None) after printing a bad variable's error, a storage that
-    cannot be opened, or (``check_known``) an experiment the folder does not hold."""
-    from swarm_gdrive.config import ConfigError, from_env
-    from swarm_gdrive.storage import StorageError, storage_for
-
-    env = {"GDRIVE_PATH": args.folder} if args.folder else {}
-    if getattr(args, "experiment", None):
-        env["EXPERIMENT_NAME"] = args.experiment
-    try:
-        config = from_env({**os.environ, **env, "NODE_ROLE": "coordinator"})  # a reader: no model, no tasks
-    except ConfigError as exc:
-        print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
-        return None, None
-    try:
-        storage = storage_for(config)
-    except StorageError as exc:
-        print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
-        return None, None
-    if not check_known:
-        return config, storage
-    named = [*getattr(args, "experiments", []), getattr(args, "baseline", None)]  # compare names several
-    wanted = [name for name in dict.fromkeys(named) if name] or [config.experiment_name]
-    unknown = unknown_experiments_message(storage, wanted, config.gdrive_path)
-    if unknown:
-        print(f"swarm-gdrive: error: {unknown}", file=sys.stderr)
-        return None, None
-    return config, storage
-
-
 def list_experiments(storage: Storage) -> list[str]:
     """Names of the experiment folders under ``experiments/``, sorted."""
     try:
@@ -913,71 +880,3 @@ def unknown_experiments_message(storage: Storage, names: list[str], where: str) 
         return None
     there = ", ".join(existing) if existing else "none yet (a coordinator creates one when it starts)"
     return f"no experiment {', '.join(map(repr, missing))} in {where}; experiments there: {there}"
-
-
-def status_main(args: argparse.Namespace) -> int:
-    watch = getattr(args, "watch", None)
-    if watch is not None and not watch > 0:
-        print(f"swarm-gdrive: error: --watch={watch:g}: use a number of seconds > 0", file=sys.stderr)
-        return 2
-    config, storage = reader_config(args)
-    if config is None:
-        return 2
-    terminal = sys.stdout.isatty()
-    try:
-        while True:
-            snapshot = load(storage, config.experiment_name, liveness_timeout=config.liveness_timeout)
-            if watch is not None:  # a terminal is redrawn in place; a log or a pipe gets a dated rule each time
-                print("\033[H\033[2J", end="") if terminal else print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}")
-            print(_state_summary(snapshot))
-            print(status_table(snapshot))
-            print()
-            for finding in findings(snapshot, config.liveness_timeout):
-                print(f"{finding.severity.upper():<7} {finding.code}: {finding.message}")
-            if watch is None:
-                return 0
-            print(f"\n(every {watch:g} s; Ctrl-C stops)", flush=True)
-            time.sleep(watch)
-    except KeyboardInterrupt:
-        if watch is None:
-            raise
-        return 0
-
-
-def validate_main(args: argparse.Namespace) -> int:
-    config, storage = reader_config(args)
-    if config is None:
-        return 2
-    snapshot = load(storage, config.experiment_name)
-    failed = 0
-    for name, failures in checks(snapshot, args.rounds, args.nodes, args.transplants):
-        print(f"{'PASS' if not failures else 'FAIL'} {name}")
-        for msg in failures:
-            print(f"     {msg}")
-        failed += bool(failures)
-    print(f"{'all checks passed' if not failed else f'{failed} check(s) failed'}")
-    return 0 if not failed else 1
-
-
-def add_reader_arguments(parser: argparse.ArgumentParser) -> None:
-    """--folder and --experiment, which :func:`reader_config` reads."""
-    parser.add_argument("--folder", help="the shared folder (default: GDRIVE_PATH)")
-    parser.add_argument("--experiment", help="experiment name (default: EXPERIMENT_NAME)")
-
-
-def add_status_parser(sub) -> argparse.ArgumentParser:
-    parser = sub.add_parser("status", help="the experiment now: workers, heartbeats, rewards, findings (reads only)")
-    add_reader_arguments(parser)
-    parser.add_argument(
-        "--watch", type=float, metavar="SECONDS", help="show it again every SECONDS until Ctrl-C (a live view)"
-    )
-    return parser
-
-
-def add_validate_parser(sub) -> argparse.ArgumentParser:
-    parser = sub.add_parser("validate", help="check a finished TEST_MODE run; exit 1 when a check fails (reads only)")
-    parser.add_argument("--rounds", type=int, required=True, help="rounds the run should have completed")
-    parser.add_argument("--nodes", type=int, required=True, help="workers that should have registered")
-    parser.add_argument("--transplants", type=int, default=0, help="J: also check rollouts and external groups")
-    add_reader_arguments(parser)
-    return parser

@@ -7,16 +7,15 @@ It refreshes itself: every ``refresh`` seconds its script fetches the experiment
 swaps it in when it changed. The server reads only (the folder's files, as ``status`` does), listens on
 127.0.0.1 unless told otherwise, and renders an experiment at most once per half refresh, however many pages
 are open. Its URLs are relative, so it also works behind Colab's port proxy
-(:func:`swarm_gdrive.notebook.show_web_dashboard`).
+(:func:`swarm_gdrive.notebook.show_web_dashboard`); the command's parser and entry point are
+:mod:`swarm_gdrive.cli.readers`.
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import logging
-import sys
 import threading
 import time
 from http import HTTPStatus
@@ -24,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 from swarm_gdrive.observe.figure_texts import FIGURE_TEXTS
-from swarm_gdrive.observe.monitor import _state_summary, findings, list_experiments, load, reader_config, status_table
+from swarm_gdrive.observe.monitor import _state_summary, findings, list_experiments, load, status_table
 from swarm_gdrive.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -196,37 +195,3 @@ def make_server(pages: Pages, host: str = "127.0.0.1", port: int = 8080) -> Thre
             logger.debug("dashboard: " + format, *args)
 
     return ThreadingHTTPServer((host, port), Handler)
-
-
-def add_dashboard_parser(sub) -> argparse.ArgumentParser:
-    parser = sub.add_parser("dashboard", help="a local web page that follows the folder's experiments (reads only)")
-    parser.add_argument("--folder", help="the shared folder (default: GDRIVE_PATH)")
-    parser.add_argument("--experiment", help="the experiment shown first (default: EXPERIMENT_NAME, else the first)")
-    parser.add_argument("--port", type=int, default=8080, help="port (default 8080, as the original project's UI)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
-    parser.add_argument("--refresh", type=float, default=REFRESH_S, help="seconds between the page's refreshes")
-    return parser
-
-
-def dashboard_main(args: argparse.Namespace) -> int:
-    if not args.refresh > 0:
-        print(f"swarm-gdrive: error: --refresh={args.refresh:g}: use a number of seconds > 0", file=sys.stderr)
-        return 2
-    config, storage = reader_config(args, check_known=False)  # an experiment may appear while it runs
-    if config is None:
-        return 2
-    pages = Pages(storage, config.experiment_name, args.refresh, config.liveness_timeout)
-    try:
-        server = make_server(pages, args.host, args.port)
-    except OSError as exc:
-        print(f"swarm-gdrive: error: --port={args.port}: cannot listen there ({exc}): choose another", file=sys.stderr)
-        return 2
-    url = f"http://{args.host}:{server.server_address[1]}/"
-    print(f"dashboard of {config.gdrive_path} on {url} (Ctrl-C stops it)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return 0

@@ -37,6 +37,17 @@ def test_every_import_contract_is_kept(tmp_path):
     assert "0 broken" in result.stdout
 
 
+def test_no_contract_ignores_an_import_or_looks_away_from_type_checking_imports():
+    """Issue 29: the floors hold with no exception, and an import made only for type checkers counts as one."""
+    import tomllib
+
+    linter = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    assert not linter.get("exclude_type_checking_imports", False)
+    ignored = {c["name"]: c["ignore_imports"] for c in linter["contracts"] if c.get("ignore_imports")}
+    assert ignored == {}
+    assert len(linter["contracts"]) >= 6
+
+
 def test_a_protocol_module_importing_observation_breaks_the_contracts(tmp_path):
     """The instrument can fail: the same contracts on a copy where the worker imports the monitor."""
     copy = tmp_path / "copy"
