@@ -77,6 +77,23 @@ class PathBlockedError(StorageError):
         super().__init__(f"{path}: not written: {where} {why}; remove {where} by hand")
 
 
+def hard_link_kind(nlink: int) -> str | None:
+    """What a regular file with ``nlink`` names is to a writer that appends or rewrites in place: None for a file
+    of its own (one name), else a description for the WARNING that says it was replaced ("a hard link ...").
+
+    A second name means that someone else can reach the bytes by it: a participant on the same file system who
+    linked a file outside the shared folder (or another node's file) in where a node appends would have the node
+    write into that file. Writers that append therefore write only into a file with one name, and replace any
+    other (a local folder, :func:`swarm_gdrive.storage.local._open_for_append`; an fsspec ``file://`` folder,
+    :meth:`swarm_gdrive.storage.fsspec_storage.FsspecStorage.append_bytes`). A count of 0 (a file removed since it
+    was opened, or a FUSE mount that reports no count) names nothing else and is not refused. Folders cannot be
+    hard-linked on Linux (``link(2)`` answers EPERM), so only files are checked.
+    """
+    if nlink <= 1:
+        return None
+    return f"a hard link (a file with {nlink} names, one of them maybe outside the root)"
+
+
 # -- temporary names: part of the storage contract (is_temporary: imported above) ----------------------------
 
 

@@ -24,7 +24,10 @@ file, sftp, ...     hidden temporary sibling (``.name.<hex>.tmp``)  real folders
 
 ``append_bytes`` is read-modify-write on every store: each file has one writer (rule 1), so no
 update can be lost to another node; a retry after a reply was lost does not append twice. It
-costs a read of the whole file per append, which is why metrics and events are buffered.
+costs a read of the whole file per append, which is why metrics and events are buffered. On a
+file system with links (``file://``) nothing is written in place (the temporary name and a
+rename, whatever ``atomic_put`` says), and an append whose file is a link (symbolic, or a hard
+link: more than one name) does not take its content: a fresh file replaces the link.
 
 Retries (tenacity, via :func:`~swarm_gdrive.storage.base.retrying`) cover transient errors only:
 connection errors, timeouts, HTTP 5xx/429, and S3 throttling codes (``SlowDown``, ...). s3fs
@@ -37,7 +40,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
@@ -52,6 +57,7 @@ from swarm_gdrive.storage.base import (
     NotRegularFileError,
     StorageError,
     StorageUnavailableError,
+    hard_link_kind,
     is_temporary,
     retrying,
     temp_name_for,
@@ -68,6 +74,12 @@ OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abf
 ATOMIC_UPLOAD_PROTOCOLS = frozenset({"gdrive"})
 #: Stores whose PutObject honours If-Match / If-None-Match (S3 since 2024; MinIO; moto).
 CONDITIONAL_WRITE_PROTOCOLS = frozenset({"s3", "s3a"})
+
+#: Stores on a file system with links (hard and symbolic): never written in place, only by a rename over the name.
+LINKED_PROTOCOLS = frozenset({"file", "local"})
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 #: Error codes (botocore ``ClientError``) that mean "try again later".
 TRANSIENT_ERROR_CODES = frozenset(
@@ -251,6 +263,11 @@ class FsspecStorage:
             if atomic_put is not None
             else bool(protocols & (OBJECT_STORE_PROTOCOLS | ATOMIC_UPLOAD_PROTOCOLS))
         )
+        #: A file system with links (``file://``): appends read their file through a checked descriptor.
+        self.linked = bool(protocols & LINKED_PROTOCOLS)
+        if self.atomic_put and self.linked:  # pipe_file opens the name "wb": through a hard link
+            logger.warning("%s: atomic_put ignored: a local folder is written by renames only", self.describe())
+            self.atomic_put = False
         self.conditional_writes = (
             conditional_writes if conditional_writes is not None else bool(protocols & CONDITIONAL_WRITE_PROTOCOLS)
         )
@@ -405,8 +422,39 @@ class FsspecStorage:
             return None, None
         if info.get("type") == "directory":
             raise IsADirectoryError(errno.EISDIR, "Is a directory", full)
+        if self.linked:
+            return self._read_own_file(full), None
         data = self.fs.cat_file(full) if info.get("size") != 0 else b""
         return bytes(data), info.get("ETag")
+
+    @staticmethod
+    def _read_own_file(full: str) -> bytes | None:
+        """A local file this node appends to, read from one descriptor checked to be a plain file with one name:
+        what is checked is what is read, even if the name is swapped meanwhile. None where there is nothing of
+        the node's own to keep (a link, symbolic or hard, whose bytes another name reaches and may be a file
+        outside the root; a FIFO or device): it is never read, and the append's rename replaces it."""
+        try:
+            fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.EMLINK, errno.ENXIO):
+                raise
+            what: str | None = "a symbolic link" if exc.errno != errno.ENXIO else "a socket"
+        else:
+            try:
+                st = os.fstat(fd)
+                if stat.S_ISDIR(st.st_mode):
+                    raise IsADirectoryError(errno.EISDIR, "Is a directory", full)
+                what = hard_link_kind(st.st_nlink) if stat.S_ISREG(st.st_mode) else "not a regular file"
+                if what is None:
+                    os.set_blocking(fd, True)
+                    with os.fdopen(os.dup(fd), "rb") as fh:
+                        return fh.read()
+            finally:
+                os.close(fd)
+        logger.warning("%s: %s where this node appends: replaced by a fresh file (never followed)", full, what)
+        return None
 
     def _condition(self, exists: bool, etag: str | None) -> dict[str, str]:
         """PutObject arguments that make an update fail if the object changed since it was read."""

@@ -13,7 +13,9 @@ planted between a check and a use is refused too, and nothing is read or written
 root. A reader meeting a link gets :class:`LinkRefusedError`; a listing or deletion under one
 finds nothing (and logs it once). A writer's own path is the writer's alone: a link, a file
 where a folder belongs or a folder where its file belongs is removed (never followed, a
-WARNING names it) and the write goes on; :class:`PathBlockedError` if it cannot be.
+WARNING names it) and the write goes on; :class:`PathBlockedError` if it cannot be. Hard links too: a
+write replaces its file by a rename, and an append writes only into a file with one name
+(:func:`_open_for_append`), so no write lands in a file that another name (outside the root) reaches.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from swarm_gdrive.storage.base import (
     Space,
     StorageError,
     StorageUnavailableError,
+    hard_link_kind,
     is_temporary,
     retrying,
     temp_name_for,
@@ -531,7 +534,15 @@ def _replace(src_fd: int, src_name: str, dst_fd: int, dst: RootedPath) -> None:
 
 
 def _open_for_append(dir_fd: int, target: RootedPath) -> int:
-    """The writer's own log opened for appending; a link, folder, FIFO or device at its name is removed first."""
+    """The writer's own log opened for appending: the one way this backend writes into an existing file.
+
+    A link, folder, FIFO or device at its name is removed first, and so is a hard link: a file with another name
+    (:func:`~swarm_gdrive.storage.base.hard_link_kind`), which may be a file outside the root that a participant
+    linked in (the same file system), or another node's file. Only the planted name is unlinked (the file it
+    names keeps its bytes and its other names); the log goes on in a fresh file. What is checked is the opened
+    descriptor (``fstat``), not the name before the open, so a name swapped between a check and the write cannot
+    slip through; every append opens and checks again, so a log swapped for a link mid-run is caught at the next.
+    """
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC
     for _ in range(_MAX_CLEARS):
         try:
@@ -541,15 +552,15 @@ def _open_for_append(dir_fd: int, target: RootedPath) -> int:
                 raise
             kind = _lkind(dir_fd, target.name)
         else:
-            mode = os.fstat(fd).st_mode
-            if stat.S_ISREG(mode):
+            st = os.fstat(fd)
+            kind = _kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else hard_link_kind(st.st_nlink)
+            if kind is None:  # a plain file with this one name: ours to append to
                 os.set_blocking(fd, True)
                 return fd
             os.close(fd)
-            kind = _kind(mode)
         if kind is not None and kind != "a file":
             _clear(dir_fd, target.name, target.rel, kind, target.rel)
-    raise PathBlockedError(target.rel, target.rel, "keeps being replaced by something that is not a file")
+    raise PathBlockedError(target.rel, target.rel, "keeps being replaced by something that is not a file of its own")
 
 
 def _unavailable(exc: OSError) -> StorageUnavailableError:
