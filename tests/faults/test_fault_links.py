@@ -222,3 +222,25 @@ def test_a_hard_link_at_a_checkpoint_or_state_file_is_renamed_over(place: tuple[
     storage.write_bytes(rel, b"weights")
     assert victim.read_bytes() == VICTIM and os.lstat(victim).st_nlink == 1
     assert own_plain_file(root / rel) == b"weights"
+
+
+def test_a_symbolic_link_at_a_log_on_file_is_neither_read_nor_kept(place: tuple[Path, Path], backend: str) -> None:
+    """The same rule for the other kind of link: file:// read a linked log's bytes through the link before (and
+    kept them in the node's log, in the shared folder); a local folder never followed one."""
+    root, victim = place
+    storage = BACKENDS[backend](root)
+    rel = LAYOUT.metrics_file("w1")
+    (root / rel).parent.mkdir(parents=True)
+    os.symlink(victim, root / rel)
+    write_once(storage, "metrics", 1)
+    assert victim.read_bytes() == VICTIM
+    check_lines(own_plain_file(root / rel), "metrics", [1])
+
+
+def test_only_a_second_name_is_refused() -> None:
+    """A FUSE mount may report a count of 0 for every file (or a file is removed once opened): nothing else names
+    it, so it is the node's own; two names or more are a hard link."""
+    from swarm_gdrive.storage.base import hard_link_kind
+
+    assert hard_link_kind(0) is None and hard_link_kind(1) is None
+    assert "a hard link" in (hard_link_kind(2) or "") and "3 names" in (hard_link_kind(3) or "")
