@@ -31,7 +31,6 @@ from swarm_gdrive.protocol.layout import Layout, parse_round_dir  # noqa: E402
 from swarm_gdrive.protocol.sapo import ScoredGroup  # noqa: E402
 from swarm_gdrive.protocol.workload import StageContext  # noqa: E402
 from swarm_gdrive.storage import FileTooLargeError, LocalStorage  # noqa: E402
-from swarm_gdrive.storage.base import read_chunks  # noqa: E402
 from swarm_gdrive.training import checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -137,20 +136,19 @@ def test_a_planted_newer_checkpoint_claiming_a_huge_file_is_refused_unread(tmp_p
     root = tmp_path / "drive"
     planted = plant_huge_checkpoint(root, worker.layout, "w1")
     restarted = workload_for(tmp_path, tiny_folder)
-    bound = checkpoint.size_limits(restarted.trainer.model).weights
-    assert bound < 64 * 2**20, (
-        bound
-    )  # the tiny model's weights, with slack: megabytes, not the 64 GiB a manifest may claim
     started = time.monotonic()
     with PeakRss() as rss, caplog.at_level(logging.WARNING, logger="swarm_gdrive.training.checkpoint"):
         assert restarted.resume() == 0  # the genuine checkpoint, not the planted round 1
     took = time.monotonic() - started
+    assert rss.growth < MAX_GROWTH, f"resident memory grew by {rss.growth / 2**20:.0f} MiB"
+    assert took < 20, f"the restart took {took:.1f} s"
     assert checkpoint.param_digest(restarted.trainer.model) == checkpoint.param_digest(worker.trainer.model)
+    # The tiny model's weights, with slack: megabytes, not the 64 GiB a manifest may claim.
+    bound = checkpoint.size_limits(restarted.trainer.model).weights
+    assert bound < 64 * 2**20, bound
     skipped = [r.getMessage() for r in caplog.records if "skipping checkpoint" in r.getMessage()]
     assert len(skipped) == 1 and planted.name in skipped[0], skipped
     assert f"model.safetensors claims {HUGE} bytes" in skipped[0] and f"over the {bound} bytes" in skipped[0], skipped
-    assert rss.growth < MAX_GROWTH, f"resident memory grew by {rss.growth / 2**20:.0f} MiB"
-    assert took < 20, f"the restart took {took:.1f} s"
     restore = tmp_path / "local" / "restore"
     assert not any(p.name == "model.safetensors" and p.stat().st_size > bound for p in restore.rglob("*"))
 
@@ -217,6 +215,8 @@ def test_a_checkpoint_file_that_grows_while_it_is_read_is_refused_after_its_clai
 def test_a_generic_read_of_a_growing_file_reads_at_most_its_cap_plus_one(tmp_path, how):
     """Any capped read of a shared-folder file: its size is checked first, and a file that grows past the cap
     after that check costs at most the cap + 1 bytes, never the file."""
+    from swarm_gdrive.storage.base import read_chunks
+
     cap = 1 << 20
     (tmp_path / "peers").mkdir()
     (tmp_path / "peers" / "w2.json").write_bytes(b"{}")
@@ -236,6 +236,8 @@ def test_a_generic_read_of_a_growing_file_reads_at_most_its_cap_plus_one(tmp_pat
 
 
 def test_reads_refuse_a_file_over_its_cap_by_its_size_before_reading(tmp_path):
+    from swarm_gdrive.storage.base import read_chunks
+
     (tmp_path / "big").write_bytes(b"")
     with open(tmp_path / "big", "r+b") as fh:
         fh.truncate(HUGE)
@@ -246,6 +248,8 @@ def test_reads_refuse_a_file_over_its_cap_by_its_size_before_reading(tmp_path):
 
 
 def test_fsspec_read_chunks_is_capped_and_whole(tmp_path):
+    from swarm_gdrive.storage.base import read_chunks
+
     fsspec_storage = pytest.importorskip("swarm_gdrive.storage.fsspec_storage")
     storage = fsspec_storage.FsspecStorage(f"file://{tmp_path}")
     data = bytes(range(256)) * 1000
