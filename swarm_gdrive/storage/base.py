@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -167,6 +167,18 @@ def prefetch_folders(storage: Storage, folders: list[str]) -> None:
     prefetch = getattr(storage, "prefetch_folders", None)
     if prefetch is not None:
         prefetch(folders)
+
+
+def read_chunks(storage: Storage, path: str, max_bytes: int, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """The file at ``path`` in chunks, for a file too large to hold in memory at once (a checkpoint's weights),
+    where the backend can (its ``read_chunks``: its size is checked against ``max_bytes`` before a byte is read,
+    and at most ``max_bytes + 1`` bytes are read however the file changes); else the whole file in one chunk
+    (``read_bytes``, which holds the same caps). FileTooLargeError over ``max_bytes``."""
+    stream = getattr(storage, "read_chunks", None)
+    if stream is None:
+        yield storage.read_bytes(path, max_bytes)
+    else:
+        yield from stream(path, max_bytes, chunk_bytes)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import PurePosixPath
@@ -768,7 +768,12 @@ class DriveStorage:
         """One download: a single request up to ``chunk_bytes``, else by ranges of ``chunk_bytes``, each
         retried alone, so a failure midway costs one range, not the file."""
         if size <= self.chunk_bytes:
-            data = self._call(lambda: self.service.files().get_media(**_ALL_DRIVES, fileId=file_id))
+            # A range of at most max_bytes + 1: a file rewritten larger since it was listed is not downloaded whole.
+            data = (
+                self._media(file_id, 0, max_bytes + 1)
+                if size
+                else self._call(lambda: self.service.files().get_media(**_ALL_DRIVES, fileId=file_id))
+            )
             return data if isinstance(data, bytes) else bytes(data)
         from googleapiclient.http import MediaIoBaseDownload
 
@@ -782,6 +787,41 @@ class DriveStorage:
             if (status.total_size or 0) > max_bytes or buffer.tell() > max_bytes:
                 raise FileTooLargeError(path, max(status.total_size or 0, buffer.tell()), max_bytes)
         return buffer.getvalue()
+
+    def _media(self, file_id: str, start: int, length: int) -> bytes:
+        """``length`` bytes of the file from ``start`` (fewer at its end; none past it): one ranged GET, retried."""
+
+        def request() -> Any:
+            get = self.service.files().get_media(**_ALL_DRIVES, fileId=file_id)
+            get.headers["Range"] = f"bytes={start}-{start + length - 1}"
+            return get
+
+        try:
+            data = self._call(request)
+        except DriveError as exc:
+            if exc.status == 416:  # the range starts past the end: the file is shorter than that
+                return b""
+            raise
+        return data if isinstance(data, bytes) else bytes(data)
+
+    def read_chunks(self, path: str, max_bytes: int, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+        """The file in ranged downloads of at most ``chunk_bytes`` (:func:`~swarm_gdrive.storage.base.read_chunks`),
+        for a file too large to hold in memory. Drive's own ``size`` is checked against ``max_bytes`` before a byte
+        is downloaded, and no more than that size is ever requested; each range is retried alone. Drive's md5 is
+        not checked: the caller checks its own digest of what it streamed (a checkpoint's sha256)."""
+        entry = self._locate(self._parts(path))
+        if entry is None or entry.is_dir:
+            raise FileNotFoundError(path)
+        if entry.size > max_bytes:
+            raise FileTooLargeError(path, entry.size, max_bytes)
+        offset = 0
+        while offset < entry.size:
+            chunk = self._media(entry.id, offset, min(chunk_bytes, entry.size - offset))
+            self._count("bytes_down", len(chunk))
+            if not chunk:
+                return
+            offset += len(chunk)
+            yield chunk
 
     def _refresh_cached(self, entry: _Entry, md5: str, size: int) -> None:
         """Remember a file's new checksum, so the next read of it costs one call, not two."""

@@ -340,6 +340,43 @@ class FsspecStorage:
             raise FileTooLargeError(rel, len(data), max_bytes)
         return bytes(data)
 
+    def read_chunks(self, path: str, max_bytes: int, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+        """The file in ranged reads of at most ``chunk_bytes`` (:func:`~swarm_gdrive.storage.base.read_chunks`),
+        for a file too large to hold in memory. Its size (``info``) is checked against ``max_bytes`` before a byte
+        is read; each range is retried alone; past ``max_bytes`` (a file replaced by a larger one while it was
+        read) FileTooLargeError, after at most ``max_bytes + 1`` bytes."""
+        full = self._full(path)
+        self._retry(self._check_readable, full, max_bytes, path)
+        offset = 0
+        while offset <= max_bytes:
+            end = offset + min(chunk_bytes, max_bytes + 1 - offset)
+            chunk = self._retry(self._range, full, offset, end)
+            if not chunk:
+                return
+            offset += len(chunk)
+            if offset > max_bytes:
+                raise FileTooLargeError(path, offset, max_bytes)
+            yield chunk
+
+    def _check_readable(self, full: str, max_bytes: int, rel: str) -> None:
+        self._invalidate(full)
+        info = self.fs.info(full)
+        kind = info.get("type")
+        if kind == "directory":
+            raise NotRegularFileError(rel, "a folder")
+        if kind not in (None, "file"):
+            raise NotRegularFileError(rel, f"an entry of type {kind!r}")
+        if info.get("size") is not None and int(info["size"]) > max_bytes:
+            raise FileTooLargeError(rel, int(info["size"]), max_bytes)
+
+    def _range(self, full: str, start: int, end: int) -> bytes:
+        try:
+            return bytes(self.fs.cat_file(full, start=start, end=end))
+        except OSError as exc:
+            if client_error(exc)[0] == "InvalidRange":  # a range past the end of the object
+                return b""
+            raise
+
     def list(self, folder: str, include_hidden: bool = False) -> list[FileInfo]:
         return self._retry(self._list, self._full(folder), include_hidden)
 

@@ -26,6 +26,7 @@ import logging
 import os
 import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from swarm_gdrive.storage.base import (
@@ -68,6 +69,9 @@ _MISSING_DIR_FD = [
 ]
 
 _warned: set[str] = set()
+
+#: One read of a file: reads of a file larger than this are made of several.
+_READ_CHUNK = 4 << 20
 
 #: Google Drive's top folders as Colab's mount (``/content/drive/MyDrive``) and Drive for desktop (``My Drive``)
 #: show them: a folder under one of them is on Drive, where a deleted file goes to Drive's trash.
@@ -158,8 +162,36 @@ class LocalStorage:
     def read_bytes(self, path: str, max_bytes: int = DEFAULT_MAX_READ_BYTES) -> bytes:
         return self._retry(self._read, self._path(path), max_bytes, path)
 
+    @classmethod
+    def _read(cls, target: RootedPath, max_bytes: int, rel: str) -> bytes:
+        fd = cls._open_regular(target, max_bytes, rel)
+        try:
+            return _read_capped(fd, max_bytes, rel)
+        finally:
+            os.close(fd)
+
+    def read_chunks(self, path: str, max_bytes: int, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+        """The file in chunks of at most ``chunk_bytes`` (:func:`~swarm_gdrive.storage.base.read_chunks`), for a
+        file too large to hold in memory (a checkpoint's weights). Its size is checked before a byte is read; each
+        chunk is read at its offset and retried alone on a transient error; past ``max_bytes`` (a file that grew,
+        or one whose mount reports a size it does not have) FileTooLargeError, after at most ``max_bytes + 1``."""
+        fd = self._retry(self._open_regular, self._path(path), max_bytes, path)
+        try:
+            offset = 0
+            while offset <= max_bytes:
+                chunk = self._retry(os.pread, fd, min(chunk_bytes, max_bytes + 1 - offset), offset)
+                if not chunk:
+                    return
+                offset += len(chunk)
+                if offset > max_bytes:
+                    raise FileTooLargeError(path, offset, max_bytes)
+                yield chunk
+        finally:
+            os.close(fd)
+
     @staticmethod
-    def _read(target: RootedPath, max_bytes: int, rel: str) -> bytes:
+    def _open_regular(target: RootedPath, max_bytes: int, rel: str) -> int:
+        """A descriptor of the regular file at ``target`` no larger than ``max_bytes`` by its size (fstat)."""
         # Opened non-blocking, so that a FIFO planted under a protocol name cannot hang the reader, and
         # read only if it is a regular file (a link, a folder, a FIFO or a device is refused, not retried).
         with _Parent(target, create=False) as parent:
@@ -181,11 +213,7 @@ class LocalStorage:
         except BaseException:
             os.close(fd)
             raise
-        with os.fdopen(fd, "rb") as fh:
-            data = fh.read(max_bytes + 1)
-        if len(data) > max_bytes:  # grew while we read
-            raise FileTooLargeError(rel, len(data), max_bytes)
-        return data
+        return fd
 
     def list(self, folder: str, include_hidden: bool = False) -> list[FileInfo]:
         return self._retry(self._list, self._path(folder), include_hidden)
@@ -561,6 +589,22 @@ def _open_for_append(dir_fd: int, target: RootedPath) -> int:
         if kind is not None and kind != "a file":
             _clear(dir_fd, target.name, target.rel, kind, target.rel)
     raise PathBlockedError(target.rel, target.rel, "keeps being replaced by something that is not a file of its own")
+
+
+def _read_capped(fd: int, max_bytes: int, rel: str) -> bytes:
+    """At most ``max_bytes + 1`` bytes of ``fd``, in bounded reads (never one buffer of the cap's size: a cap is
+    an upper bound, the file is usually far smaller); FileTooLargeError past ``max_bytes``: a file that grew
+    since its size was checked, or a mount that reports a size the file does not have."""
+    chunks, total = [], 0
+    while total <= max_bytes:
+        chunk = os.read(fd, min(_READ_CHUNK, max_bytes + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    if total > max_bytes:
+        raise FileTooLargeError(rel, total, max_bytes)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _unavailable(exc: OSError) -> StorageUnavailableError:

@@ -32,7 +32,7 @@ from swarm_gdrive.protocol.layout import Layout, parse_round_dir
 from swarm_gdrive.protocol.records import ExperimentRecord, decode
 from swarm_gdrive.protocol.worker import GiveUpError
 from swarm_gdrive.storage import Storage
-from swarm_gdrive.storage.base import Space, free_space, human_bytes, is_temp_of
+from swarm_gdrive.storage.base import Space, free_space, human_bytes, is_temp_of, read_chunks, temp_name_for
 from swarm_gdrive.training import adapters
 
 if TYPE_CHECKING:
@@ -50,8 +50,16 @@ ALLOWED_FILES = re.compile(
     r"|tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json|chat_template\.jinja|vocab\.json|merges\.txt"
     r"|added_tokens\.json|optimizer\.safetensors|trainer_state\.json|adapter_model\.safetensors|adapter_config\.json)"
 )
+#: A checkpoint's JSON and text files (config, tokenizer, trainer state): the most one may take.
 MAX_JSON_BYTES = 64 * 1024 * 1024
+#: The most any file a manifest lists may claim (its ``size``), whatever the model; a restart bounds each file far
+#: tighter by the model it trains (:class:`SizeLimits`).
 MAX_FILE_BYTES = 64 * 1024**3
+#: A weights or optimizer file may exceed what the model's tensors take by this factor and these bytes (safetensors'
+#: JSON header of every tensor, the RNG states, the step counts) before a restart refuses it unread.
+SIZE_SLACK_FACTOR, SIZE_SLACK_BYTES = 1.1, 16 * 1024**2
+#: Bytes a download of a checkpoint file is streamed in: it is hashed and written out chunk by chunk, never held whole.
+DOWNLOAD_CHUNK_BYTES = 4 * 1024**2
 #: A manifest lists a few dozen files in a few KB; more is not a manifest this package wrote.
 MAX_MANIFEST_BYTES, MAX_MANIFEST_FILES = 1024 * 1024, 1024
 #: CHECKPOINT_OPTIMIZER: how AdamW's per-parameter state is stored (:func:`optimizer_to_files`).
@@ -111,6 +119,63 @@ class Restored:
 
     round: int
     folder: Path
+
+
+_WEIGHTS = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors|adapter_model\.safetensors")
+
+
+@dataclass(frozen=True)
+class SizeLimits:
+    """The most bytes the files of a checkpoint of the model being trained can take, so that a restart refuses a
+    manifest that claims more before a byte of it is downloaded (:func:`size_limits`).
+
+    ``weights`` bounds the model's safetensors (all shards together) and the adapters; ``optimizer`` bounds
+    ``optimizer.safetensors``; every other file (JSON, tokenizer) is bounded by :data:`MAX_JSON_BYTES`.
+    """
+
+    weights: int
+    optimizer: int
+
+    def check(self, manifest: Manifest) -> None:
+        """CheckpointError naming the first file whose claimed size is over its bound, or the shards' total."""
+        for name, entry in manifest.files.items():
+            if entry.size > (bound := self.bound(name)):
+                raise CheckpointError(
+                    f"{name} claims {entry.size} bytes ({human_bytes(entry.size)}), over the {bound} bytes "
+                    f"({human_bytes(bound)}) a checkpoint of this model can take; not downloaded"
+                )
+        shards = sum(
+            e.size for n, e in manifest.files.items() if _WEIGHTS.fullmatch(n) and n != adapters.ADAPTER_WEIGHTS
+        )
+        if shards > self.weights:
+            raise CheckpointError(
+                f"the model's safetensors claim {shards} bytes together ({human_bytes(shards)}), over "
+                f"the {self.weights} bytes ({human_bytes(self.weights)}) a checkpoint of this model can take; "
+                "not downloaded"
+            )
+
+    def bound(self, name: str) -> int:
+        if name == OPTIMIZER_FILE:
+            return self.optimizer
+        return self.weights if _WEIGHTS.fullmatch(name) else MAX_JSON_BYTES
+
+
+def size_limits(model: torch.nn.Module) -> SizeLimits:
+    """What a checkpoint of ``model`` can take, from its parameter count and dtypes, with slack.
+
+    Weights: every tensor of its ``state_dict`` (with LoRA, the base and the adapters). Optimizer: AdamW's two
+    moments of every parameter (trained or not, with LoRA) and a step count each. Every tensor counts at least
+    4 bytes an element (float32), so a checkpoint written before a change of WEIGHT_DTYPE, LORA_R or
+    CHECKPOINT_OPTIMIZER is still downloaded and meets the check that names the setting, not a size refusal.
+    Each bound is widened by :data:`SIZE_SLACK_FACTOR` and :data:`SIZE_SLACK_BYTES`.
+    """
+
+    def nbytes(tensor: torch.Tensor) -> int:
+        return tensor.numel() * max(tensor.element_size(), 4)
+
+    weights = sum(nbytes(t) for t in model.state_dict().values())
+    optimizer = sum(2 * nbytes(p) + 4 for p in model.parameters())
+    return SizeLimits(*(int(n * SIZE_SLACK_FACTOR) + SIZE_SLACK_BYTES for n in (weights, optimizer)))
 
 
 def _sha256(data: bytes) -> str:
@@ -452,11 +517,20 @@ def _check_loadable(manifest: Manifest, run_id: str | None = None) -> None:
 
 
 def load_latest(
-    storage: Storage, layout: Layout, node_id: str, into: Path, before: int | None = None
+    storage: Storage,
+    layout: Layout,
+    node_id: str,
+    into: Path,
+    before: int | None = None,
+    limits: SizeLimits | None = None,
 ) -> Restored | None:
     """Download this node's newest valid checkpoint into ``into``; None if there is none.
 
-    A checkpoint that fails any check is skipped with a logged reason and the next older one is tried.
+    A checkpoint that fails any check is skipped with a logged reason and the next older one is tried. Before a
+    byte of a file is read, the size its manifest claims is checked against ``limits`` (the model being trained:
+    :func:`size_limits`; :data:`MAX_FILE_BYTES` without) and against the real file's size in the folder's listing;
+    each file is then streamed to a temporary file beside its final name, hashed as it streams, never more than
+    its claimed size read, and renamed into place only when its sha256 matches. Nothing is loaded here.
     """
     run_id = current_run(storage, layout)
     for round_ in reversed(_rounds(storage, layout, node_id)):
@@ -467,20 +541,58 @@ def load_latest(
         try:
             manifest = _read_manifest(storage, folder, node_id, round_)
             _check_loadable(manifest, run_id)
+            if limits is not None:
+                limits.check(manifest)
+            _check_real_sizes(storage, folder, manifest)
             target.mkdir(parents=True, exist_ok=True)
             total = sum(e.size for e in manifest.files.values())
             with progress.task(f"checkpoint download (round {round_})", total, "B") as work:
                 for name, entry in manifest.files.items():
-                    data = storage.read_bytes(f"{folder}/{name}", entry.size)
-                    if len(data) != entry.size or _sha256(data) != entry.sha256:
-                        raise CheckpointError(f"{name} does not match the manifest (size or sha256)")
-                    (target / name).write_bytes(data)
+                    _download(storage, f"{folder}/{name}", entry, target / name)
                     work.advance(entry.size)
         except (CheckpointError, OSError) as exc:
             logger.warning("skipping checkpoint %s: %s", folder, exc)
             continue
         return Restored(round_, target)
     return None
+
+
+def _check_real_sizes(storage: Storage, folder: str, manifest: Manifest) -> None:
+    """CheckpointError unless every file the manifest lists is in the folder with the size it claims (one
+    listing: a local or mounted folder's stat, Drive's and an object store's metadata); nothing is read."""
+    listed = {info.name: info for info in storage.list(folder)}
+    for name, entry in manifest.files.items():
+        info = listed.get(name)
+        if info is None or info.is_dir:
+            raise CheckpointError(
+                f"No such file: {name}, which the manifest lists" if info is None else f"{name} is a folder"
+            )
+        if info.size != entry.size:
+            how = "exceeds" if info.size > entry.size else "falls short of"
+            raise CheckpointError(
+                f"{name} is {info.size} bytes, which {how} the {entry.size} bytes its manifest claims; not downloaded"
+            )
+
+
+def _download(storage: Storage, path: str, entry: FileEntry, dest: Path) -> None:
+    """``path`` into ``dest`` if its bytes are ``entry``'s: streamed to a temporary beside ``dest`` and hashed
+    chunk by chunk (memory stays at one chunk whatever the size), at most ``entry.size`` bytes read (the backend
+    stops past it: FileTooLargeError), renamed to ``dest`` only when the size and sha256 match."""
+    digest, count = hashlib.sha256(), 0
+    temp = dest.with_name(temp_name_for(dest.name))
+    try:
+        with temp.open("wb") as out:
+            for chunk in read_chunks(storage, path, entry.size, DOWNLOAD_CHUNK_BYTES):
+                count += len(chunk)
+                if count > entry.size:  # a backend without its own cap in the loop
+                    raise CheckpointError(f"{dest.name} exceeds the {entry.size} bytes its manifest claims")
+                digest.update(chunk)
+                out.write(chunk)
+        if count != entry.size or digest.hexdigest() != entry.sha256:
+            raise CheckpointError(f"{dest.name} does not match the manifest (size or sha256)")
+        temp.replace(dest)
+    finally:
+        temp.unlink(missing_ok=True)
 
 
 def read_extra(folder: Path) -> dict[str, Any]:

@@ -370,8 +370,11 @@ class GRPOWorkload:
         """Load this node's latest valid checkpoint, if any; returns its round."""
         into = Path(self.config.local_dir) / "restore" / self.config.experiment_name / self.node_id
         before: int | None = None
+        limits = checkpoint.size_limits(self.trainer.model)  # what a checkpoint of this model can take
         while True:
-            restored = checkpoint.load_latest(self.storage, self.layout, self.node_id, into, before=before)
+            restored = checkpoint.load_latest(
+                self.storage, self.layout, self.node_id, into, before=before, limits=limits
+            )
             if restored is None:
                 return None
             try:
