@@ -245,3 +245,19 @@ def test_the_scored_text_is_the_decoding_of_the_trained_ids(
     assert got.cut == (len(ids if got.how == "sampled" else codec.encode(text)) > cap)
     if not got.cut and got.how == "sampled":
         assert got.text == text
+
+
+def test_cut_completions_are_logged_once_per_peer_and_round(
+    workload: Any, question: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    planted = tail_past_cap(workload.codec, question, random.Random(3))
+    scored = read_as_peer(workload, [planted], node="w9")
+    caplog.set_level("INFO", logger="swarm_gdrive.training.grpo_workload")
+    for round_ in (5, 5, 6):
+        workload.train(StageContext("w1", round_, 0, 42), [], scored)
+    said = [r.getMessage() for r in caplog.records if "ran past MAX_NEW_TOKENS" in r.getMessage()]
+    assert said == [
+        f"round {r}: 1 completion(s) of w9 ran past MAX_NEW_TOKENS={CAP}; each is trained on its first {CAP} tokens "
+        "and scored on their text alone"
+        for r in (5, 6)
+    ]
