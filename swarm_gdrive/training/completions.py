@@ -4,10 +4,17 @@ A sender publishes each completion's text, why it ended (``eos``: the model samp
 ``length``: it reached MAX_NEW_TOKENS, or its text was cut to fit a rollout file) and, with a fingerprint of
 its tokenizer, the ids it sampled (the answer prefix's in front, eos left out). A receiver whose tokenizer has
 the same fingerprint trains on those ids when they are consistent with the text: every id in its vocabulary,
-no special token, and decoding to exactly the text that was scored; else it re-tokenizes the text (special
+no special token, and decoding to exactly the text that was sent; else it re-tokenizes the text (special
 tokens' names in it stay plain text). Either way the completion is cut to MAX_NEW_TOKENS and eos is appended
 only when the record says the completion stopped on eos and there is room for it: a receiver never invents
 an eos, and a record of an older version (no stop reasons) gets none.
+
+A completion is scored on exactly what it is trained on: :attr:`Received.text`, the decoding of its training ids
+(eos left out), never the text as sent. The two differ only where the ids ran past MAX_NEW_TOKENS and were cut
+(or a re-tokenized text does not decode back to itself): a tail past the cap, with a right answer in it, would
+otherwise buy a reward for the tokens in front of it, which are all that is trained (issue #30, class 4). Such a
+completion is cut and scored, not refused: MAX_NEW_TOKENS is not an experiment setting (config.FINGERPRINT_FIELDS),
+so an honest peer may sample more tokens than this node does, and another tokenizer may count more tokens.
 """
 
 from __future__ import annotations
@@ -64,14 +71,18 @@ class Outgoing:
 
 @dataclass(frozen=True)
 class Received:
-    """One external completion as it is trained: its ids and how they were obtained.
+    """One external completion as it is trained: its ids, the text they decode to, and how they were obtained.
 
-    ``differs``: with the sender's ids, whether re-tokenizing the text would have given other ids.
+    ``text``: the decoding of ``ids`` (eos left out), the only text a receiver may score: the sent text when it
+    fits MAX_NEW_TOKENS, else the part of it that was kept. ``differs``: with the sender's ids, whether
+    re-tokenizing the text would have given other ids. ``cut``: whether the ids ran past MAX_NEW_TOKENS.
     """
 
     ids: list[int]
+    text: str
     how: How
     differs: bool = False
+    cut: bool = False
 
 
 class CompletionCodec:
@@ -111,7 +122,7 @@ class CompletionCodec:
         return Outgoing(shared, "eos" if stopped else "length", ids if self.consistent(ids, shared) else None)
 
     def incoming(self, text: str, stop_reason: str | None, ids: list[int] | None, fingerprint: str | None) -> Received:
-        """The ids to train an external completion on (module docstring)."""
+        """The ids to train an external completion on, and the text to score it on (module docstring)."""
         how: How = "retokenized"
         differs = False
         if ids is not None and fingerprint == self.fingerprint:
@@ -121,7 +132,11 @@ class CompletionCodec:
             else:
                 how = "rejected"
         tokens = list(ids) if how == "sampled" and ids is not None else self.encode(text)
-        return Received(self.finish(tokens, stop_reason == "eos"), how, differs)
+        cut = len(tokens) > self.max_new_tokens
+        kept = tokens[: self.max_new_tokens]
+        # Sampled ids that were not cut decode to ``text`` (consistent() checked it): no second decode.
+        scored = text if how == "sampled" and not cut else self.tokenizer.decode(kept, skip_special_tokens=True)
+        return Received(self.finish(kept, stop_reason == "eos"), scored, how, differs, cut)
 
     def finish(self, tokens: list[int], stopped_on_eos: bool) -> list[int]:
         """Cut to MAX_NEW_TOKENS; eos appended only after a completion that stopped on eos, if it fits."""
@@ -140,4 +155,5 @@ def external_metrics(received: list[Received]) -> dict[str, float]:
         "external/retokenized": float(counts["retokenized"] + counts["rejected"]),
         "external/ids_rejected": float(counts["rejected"]),
         "external/retokenize_differs": float(sum(r.differs for r in received)),
+        "external/cut_to_cap": float(sum(r.cut for r in received)),
     }

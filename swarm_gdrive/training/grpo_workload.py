@@ -3,7 +3,8 @@
 It implements :class:`swarm_gdrive.protocol.workload.Workload` for the worker loop: ``generate``
 draws I questions seeded by (SEED, node, round, stage) and samples G completions each;
 ``rescore`` regenerates another node's question from its provenance and scores its
-completions with the task's own verifier (the peer's answers and rewards are never used);
+completions with the task's own verifier (the peer's answers and rewards are never used), each on
+exactly the text its training ids decode to (:mod:`.completions`: a tail past MAX_NEW_TOKENS buys nothing);
 ``train`` runs one GRPO update on the I + J groups; ``end_round`` checkpoints when due.
 """
 
@@ -165,6 +166,7 @@ class GRPOWorkload:
         self.codec = CompletionCodec(tokenizer, self.trainer.eos_ids, config.max_new_tokens)
         self.share_ids = self._ids_fit(config)
         self._local_ids: dict[str, tuple[list[int], list[list[int]]]] = {}
+        self._said_cut: tuple[int, set[str]] = (-1, set())  # (round, peers) whose cut completions were logged
         self._generation: dict[str, float] = {}
         self._last_checkpoint: int | None = None
         self._said_weights_alone = False
@@ -234,10 +236,12 @@ class GRPOWorkload:
         return fits
 
     def rescore(self, ctx: StageContext, group: RolloutGroup) -> tuple[float, ...] | None:
+        """Another node's group scored here, each completion on the text of the ids it will be trained on
+        (:meth:`_received`, as :meth:`_external_group` trains it), not on the text as sent; None: provenance fails."""
         entry = self.bank.regenerate(group)
         if entry is None:
             return None
-        return self._score(entry, group.completions)
+        return self._score(entry, [r.text for r in self._received(group)])
 
     def _score(self, entry: dict[str, Any], completions: list[str]) -> tuple[float, ...]:
         return self.bank.score_group(
@@ -250,6 +254,7 @@ class GRPOWorkload:
         metrics = self.trainer.step(groups)
         self._in_part = (ctx.round, ctx.stage + 1)
         metrics.update(external_metrics([r for _, received in outside for r in received]))
+        self._say_cut(ctx.round, external, [received for _, received in outside])
         local_rewards = [r for g in local for r in g.rewards]
         external_rewards = [r for g in external for r in g.rewards]
         lengths = [len(c) for g in groups for c in g.completion_ids]
@@ -266,23 +271,49 @@ class GRPOWorkload:
         )
         return metrics
 
+    def _say_cut(self, round_: int, external: list[ScoredGroup], received: list[list[Received]]) -> None:
+        """Log, once per peer and round, that a peer's completions ran past MAX_NEW_TOKENS (``external/cut_to_cap``
+        counts them): a peer with a larger cap, or one whose tail past the cap was never going to be scored."""
+        cut: dict[str, int] = {}
+        for scored, got in zip(external, received, strict=True):
+            cut[scored.source] = cut.get(scored.source, 0) + sum(r.cut for r in got)
+        if self._said_cut[0] != round_:
+            self._said_cut = (round_, set())
+        for source, n in sorted(cut.items()):
+            if n and source not in self._said_cut[1]:
+                self._said_cut[1].add(source)
+                logger.info(
+                    "round %d: %d completion(s) of %s ran past MAX_NEW_TOKENS=%d; each is trained on its first %d "
+                    "tokens and scored on their text alone",
+                    round_,
+                    n,
+                    source,
+                    self.config.max_new_tokens,
+                    self.config.max_new_tokens,
+                )
+
     def _local_group(self, scored: ScoredGroup) -> TrainGroup:
         prompt, ids = self._local_ids[scored.group.group_id]
         return TrainGroup(prompt, ids, list(scored.rewards))
 
     def _external_group(self, scored: ScoredGroup) -> tuple[TrainGroup, list[Received]]:
         """Another node's group, on its sampled ids where they are usable (:mod:`.completions`), and how each
-        completion's ids were obtained."""
+        completion's ids were obtained. Its rewards are :meth:`rescore`'s, of the same ids' text."""
         group = scored.group
         prompt = self.trainer.prompt_ids(build_messages(group.question))
+        received = self._received(group)
+        return TrainGroup(prompt, [r.ids for r in received], list(scored.rewards)), received
+
+    def _received(self, group: RolloutGroup) -> list[Received]:
+        """Each completion of another node's group as it is trained: its ids and the text they decode to, the one
+        text it is scored on (:meth:`CompletionCodec.incoming`; deterministic, so rescore and train agree)."""
         n = len(group.completions)
         reasons = group.stop_reasons or [None] * n
         sampled = group.token_ids or [None] * n
-        received = [
+        return [
             self.codec.incoming(text, reason, ids, group.tokenizer)
             for text, reason, ids in zip(group.completions, reasons, sampled, strict=True)
         ]
-        return TrainGroup(prompt, [r.ids for r in received], list(scored.rewards)), received
 
     # -- evaluation ------------------------------------------------------------------------
 
