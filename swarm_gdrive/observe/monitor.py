@@ -869,8 +869,8 @@ def summary_table(storage: Storage, experiment: str) -> str:
 def list_experiments(storage: Storage) -> list[str]:
     """Names of the experiment folders under ``experiments/``, sorted.
 
-    A folder whose name no experiment can have (``My Run``, ``.cache``; a name that is not UTF-8 the storage
-    already leaves out) is left out with a WARNING, once per name: a reader could not load it, and a page that
+    A folder whose name no experiment can have (``My Run``, ``Exp``, ``con``; a name that is not UTF-8 the
+    storage already leaves out) is left out with a WARNING, once per name: a reader could not load it, and a page that
     chose it first would fail for every experiment of the folder."""
     try:
         listing = storage.list("experiments")

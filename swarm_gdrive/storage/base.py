@@ -161,7 +161,8 @@ class Storage(Protocol):
         ...
 
     def list(self, folder: str, include_hidden: bool = False) -> list[FileInfo]:
-        """Entries of ``folder`` (empty if it does not exist), temporary names left out."""
+        """Entries of ``folder`` (empty if it does not exist), temporary names and names that are not UTF-8
+        (:func:`listable_name`) left out."""
         ...
 
     def delete(self, path: str) -> None:
