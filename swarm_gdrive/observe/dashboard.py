@@ -30,7 +30,7 @@ from contextlib import contextmanager
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-from swarm_gdrive.observe import plots
+from swarm_gdrive.observe import monitor, plots
 from swarm_gdrive.observe.monitor import Finding, Snapshot, findings, load, status_table
 from swarm_gdrive.storage import Storage, open_storage
 
@@ -40,8 +40,9 @@ SEVERITY_COLORS = {"error": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
 
 
 def list_experiments(storage: Storage) -> list[str]:
-    """Names of the folders under ``experiments/``, sorted."""
-    return sorted(info.name for info in storage.list("experiments") if info.is_dir)
+    """Names of the experiment folders under ``experiments/``, sorted (:func:`monitor.list_experiments
+    <swarm_gdrive.observe.monitor.list_experiments>`: a folder no experiment can be named is left out)."""
+    return monitor.list_experiments(storage)
 
 
 def findings_html(found: list[Finding]) -> str:

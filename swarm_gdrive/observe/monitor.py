@@ -10,6 +10,7 @@ where a file belongs) is a problem of the snapshot, reported by the ``unreadable
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Literal
 
 import pandas as pd
 
+from swarm_gdrive.names import InvalidNameError, validate_name
 from swarm_gdrive.observe import usage as folder_usage
 from swarm_gdrive.observe.logs import (
     EVENT_COLUMNS,
@@ -30,7 +32,11 @@ from swarm_gdrive.observe.logs import (
 from swarm_gdrive.protocol.exchange import NOT_A_FOLDER, Exchange, RunChangedError
 from swarm_gdrive.protocol.layout import Layout, parse_round_dir, parse_stage_dir
 from swarm_gdrive.storage import Storage
-from swarm_gdrive.storage.base import StorageUnavailableError
+from swarm_gdrive.storage.base import StorageUnavailableError, escaped_name
+
+logger = logging.getLogger(__name__)
+#: Folders under experiments/ already reported as no experiment's (each is logged once per process).
+_not_experiments: set[str] = set()
 
 __all__ = [
     "EVENT_COLUMNS",
@@ -861,14 +867,28 @@ def summary_table(storage: Storage, experiment: str) -> str:
 
 
 def list_experiments(storage: Storage) -> list[str]:
-    """Names of the experiment folders under ``experiments/``, sorted."""
+    """Names of the experiment folders under ``experiments/``, sorted.
+
+    A folder whose name no experiment can have (``My Run``, ``Exp``, ``con``; a name that is not UTF-8 the
+    storage already leaves out) is left out with a WARNING, once per name: a reader could not load it, and a page that
+    chose it first would fail for every experiment of the folder."""
     try:
         listing = storage.list("experiments")
     except StorageUnavailableError:
         raise
     except OSError:  # refused (a link, a file where the folder belongs): no experiment there to read
         return []
-    return sorted(info.name for info in listing if info.is_dir)
+    names = []
+    for info in listing:
+        if not info.is_dir:
+            continue
+        try:
+            names.append(validate_name(info.name, "EXPERIMENT_NAME"))
+        except InvalidNameError as exc:
+            if info.name not in _not_experiments and len(_not_experiments) < 10_000:
+                _not_experiments.add(info.name)
+                logger.warning("experiments/%s: not an experiment, left out: %s", escaped_name(info.name), exc.fix)
+    return sorted(names)
 
 
 def unknown_experiments_message(storage: Storage, names: list[str], where: str) -> str | None:

@@ -183,7 +183,9 @@ def make_server(pages: Pages, host: str = "127.0.0.1", port: int = 8080) -> Thre
                 self._send(HTTPStatus.INTERNAL_SERVER_ERROR, f"could not read the folder: {html.escape(str(exc))}")
 
         def _send(self, status: int, text: str) -> None:
-            body = text.encode("utf-8")
+            # A name that is not UTF-8 never reaches a page (the storage leaves it out of its listings); should one
+            # come through a message, it is shown escaped (\udcff) instead of failing the answer.
+            body = text.encode("utf-8", "backslashreplace")
             self.send_response(status)
             self.send_header("Content-Type", "text/html; charset=utf-8")
             self.send_header("Cache-Control", "no-store")

@@ -107,6 +107,43 @@ def is_temp_of(temp: str, name: str) -> bool:
     return temp.startswith(f".{name}.") and temp.endswith(".tmp")
 
 
+# -- names that are not text: never part of a listing ---------------------------------------------------------
+
+_unlisted: set[str] = set()
+
+
+def escaped_name(name: str) -> str:
+    """``name`` printable whatever it holds: the bytes of a name that is not UTF-8 as ``\\xff``, a lone surrogate
+    as ``\\udcff``; a name that is valid text comes back unchanged."""
+    try:
+        raw = name.encode("utf-8", "surrogateescape")  # the bytes the folder holds, where Python listed them so
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def listable_name(folder: str, name: str) -> bool:
+    """False (and a WARNING once per name and process, showing it escaped) for a name that is not valid Unicode.
+
+    A POSIX folder may hold a name whose bytes are not UTF-8 (``b"run\\xff"``): Python lists it with surrogate
+    escapes (PEP 383), a string that every later ``encode("utf-8")`` (a log, a JSON file, a web page) refuses; a
+    lone surrogate can also come out of a JSON listing (Drive's ``"\\udcff"``). No protocol name is such a name
+    (:func:`swarm_gdrive.names.validate_name` allows letters, digits, '.', '_' and '-'), so every backend leaves
+    it out of its listings, and each reader, command and page meets only names it can print.
+    """
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        key = f"{escaped_name(folder)}/{escaped_name(name)}"
+        if key not in _unlisted:
+            if len(_unlisted) > 10_000:
+                _unlisted.clear()
+            _unlisted.add(key)
+            logger.warning("%s: left out of the listing: the name is not UTF-8 (no protocol name is)", key)
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class FileInfo:
     """One entry of a listing."""
@@ -141,7 +178,8 @@ class Storage(Protocol):
         ...
 
     def list(self, folder: str, include_hidden: bool = False) -> list[FileInfo]:
-        """Entries of ``folder`` (empty if it does not exist), temporary names left out."""
+        """Entries of ``folder`` (empty if it does not exist), temporary names and names that are not UTF-8
+        (:func:`listable_name`) left out."""
         ...
 
     def delete(self, path: str) -> None:

@@ -59,6 +59,7 @@ from swarm_gdrive.storage.base import (
     StorageError,
     StorageUnavailableError,
     is_temporary,
+    listable_name,
     retrying,
     wait_truncated_exponential,
 )
@@ -679,7 +680,7 @@ class DriveStorage:
             (
                 FileInfo(e.name, e.size, e.mtime, e.is_dir, e.md5, e.inline)
                 for e in entries
-                if include_hidden or not is_temporary(e.name)
+                if (include_hidden or not is_temporary(e.name)) and listable_name(folder, e.name)
             ),
             key=lambda info: info.name,
         )

@@ -59,6 +59,7 @@ from swarm_gdrive.storage.base import (
     StorageUnavailableError,
     hard_link_kind,
     is_temporary,
+    listable_name,
     retrying,
     temp_name_for,
 )
@@ -378,7 +379,7 @@ class FsspecStorage:
             raise
 
     def list(self, folder: str, include_hidden: bool = False) -> list[FileInfo]:
-        return self._retry(self._list, self._full(folder), include_hidden)
+        return self._retry(self._list, self._full(folder), include_hidden, folder)
 
     def _ls(self, full: str) -> list[dict[str, Any]] | None:
         """Entries under ``full``; None if ``full`` is a file; [] if it does not exist."""
@@ -392,11 +393,11 @@ class FsspecStorage:
             return None  # fsspec lists a file as itself
         return [e for e in entries if e not in own]
 
-    def _list(self, full: str, include_hidden: bool) -> list[FileInfo]:
+    def _list(self, full: str, include_hidden: bool, rel: str) -> list[FileInfo]:
         out: dict[str, FileInfo] = {}
         for entry in self._ls(full) or []:
             name = self._name(entry["name"])
-            if not name or (not include_hidden and is_temporary(name)):
+            if not name or (not include_hidden and is_temporary(name)) or not listable_name(rel, name):
                 continue
             is_dir = entry.get("type") == "directory"
             size = 0 if is_dir else int(entry.get("size") or 0)

@@ -41,6 +41,7 @@ from swarm_gdrive.storage.base import (
     StorageUnavailableError,
     hard_link_kind,
     is_temporary,
+    listable_name,
     retrying,
     temp_name_for,
 )
@@ -235,7 +236,7 @@ class LocalStorage:
                 _warn_once(target.rel, "%s: not listed: a symbolic link (never followed)", target.rel)
             return []
         try:
-            out = _entries(fd, include_hidden)
+            out = _entries(fd, include_hidden, target.rel)
         finally:
             os.close(fd)
         out.sort(key=lambda info: info.name)
@@ -428,12 +429,13 @@ class _Parent:
         raise PathBlockedError(target.rel, where, "keeps being replaced by something that is not a folder")
 
 
-def _entries(fd: int, include_hidden: bool) -> list[FileInfo]:
-    """The entries of the open folder ``fd``, each stat'ed without following a link (a link is not a folder)."""
+def _entries(fd: int, include_hidden: bool, rel: str) -> list[FileInfo]:
+    """The entries of the open folder ``fd`` (at ``rel``), each stat'ed without following a link (a link is not a
+    folder); a name that is not UTF-8 left out (:func:`~swarm_gdrive.storage.base.listable_name`)."""
     out: list[FileInfo] = []
     with os.scandir(fd) as it:
         for entry in it:
-            if not include_hidden and is_temporary(entry.name):
+            if (not include_hidden and is_temporary(entry.name)) or not listable_name(rel, entry.name):
                 continue
             try:
                 st = entry.stat(follow_symlinks=False)  # relative to fd: before fd is closed
