@@ -207,6 +207,11 @@ def decide_async(
     return Decision(None, "workers playing")
 
 
+def _writer_key(state: StateRecord) -> tuple:
+    """What tells one write of a state from another."""
+    return (state.run_id, state.round, state.seq, state.status, state.coordinator_id)
+
+
 def _open(
     state: StateRecord, round_: int, status: str, live: frozenset[str], interval: float, now: float, reason: str
 ) -> StateRecord:
@@ -600,6 +605,9 @@ class Coordinator:
             )
             if decision.restart_timer:
                 opened = now
+            if decision.state is not None and not self._holds(state):
+                state, checked = self._keep_own_state(state), self.clock()  # a rival's: yield; else restored
+                continue
             if decision.state is not None:
                 self._publish(state, decision, live, submitted, now)
                 new_round = decision.state.round != state.round or decision.state.status != state.status
@@ -658,14 +666,7 @@ class Coordinator:
                 self.count_progress(state, live, state.max_rounds - 1)  # whoever else is done by now is counted so
                 decision = self._decide_async(state, live, now, settling)
             if decision.state is not None:
-                if decision.state.status == "running" and state.status == "waiting":
-                    self._prepare_async_rounds(decision.state, listed=False)  # before any worker writes into them
-                self.exchange.write_state(decision.state)
-                if decision.state.status != state.status:
-                    self._async_status_changed(decision.state, live, decision.reason)
-                state = decision.state
-                logctx.set_round(state.round)
-                heartbeat.set_round(state.round)
+                state = self._write_async(state, decision, live, heartbeat)
             if state.status == "running":
                 if now - said >= WAITING_REPORT_SECONDS:
                     said = now
@@ -679,6 +680,25 @@ class Coordinator:
             if state.status != "finished":
                 self.stop.wait(max(backoff.next(), 0.01))
         self._drain_async(state, live)
+
+    def _write_async(
+        self, state: StateRecord, decision: Decision, live: frozenset[str], heartbeat: Heartbeat
+    ) -> StateRecord:
+        """Write the decided state of an asynchronous experiment; returns the state in force. If the file no longer
+        holds ``state`` (:meth:`_holds`), nothing new is written: :meth:`_keep_own_state` yields to a rival or
+        restores ``state``, and the next pass decides again."""
+        new = decision.state
+        assert new is not None
+        if not self._holds(state):
+            return self._keep_own_state(state)
+        if new.status == "running" and state.status == "waiting":
+            self._prepare_async_rounds(new, listed=False)  # before any worker writes into them
+        self.exchange.write_state(new)
+        if new.status != state.status:
+            self._async_status_changed(new, live, decision.reason)
+        logctx.set_round(new.round)
+        heartbeat.set_round(new.round)
+        return new
 
     def _decide_async(
         self, state: StateRecord, live: frozenset[str], now: float, settling: frozenset[str] = frozenset()
@@ -859,6 +879,9 @@ class Coordinator:
         checkpoint and exit, instead of waiting COORDINATOR_WAIT_TIMEOUT for a round that will not open."""
         stopped = state.model_copy(update={"status": "stopped", "seq": state.seq + 1, "updated_at": time.time()})
         try:
+            if not self._holds(state):  # another coordinator's state, or a planted one: left to the next start
+                logger.warning("the state file no longer holds this coordinator's state: 'stopped' is not written")
+                return
             self.exchange.write_state(stopped)
         except OSError as exc:  # the stop goes on: the workers then wait for it, as after a crash
             logger.warning(
@@ -884,6 +907,13 @@ class Coordinator:
         for round_ in rounds:
             self.exchange.prepare_round(round_, state.num_stages)
 
+    def _holds(self, state: StateRecord) -> bool:
+        """Whether the state file still holds ``state``, the last this process wrote: read before each write of a
+        new state (a listing of ``state/``; the file is downloaded only when it changed), so that this coordinator
+        never writes over another coordinator's state unseen, which would start a tug of war."""
+        found = self.exchange.read_state_file()
+        return found is not None and _writer_key(found) == _writer_key(state) and found.instance == self.instance
+
     def _keep_own_state(self, state: StateRecord) -> StateRecord:
         """Read the state file and experiment.json back (every HEARTBEAT_INTERVAL): anything but the state this
         coordinator last wrote (a folder or garbage planted there, another writer's state) is replaced by that state
@@ -896,9 +926,7 @@ class Coordinator:
             self._face_rival(found)  # raises when it is a live coordinator's state, and stays
             found = self.exchange.read_state_file()
         self._keep_own_experiment()
-        key = (state.run_id, state.round, state.seq, state.status, state.coordinator_id, self.instance)
-        seen = found and (found.run_id, found.round, found.seq, found.status, found.coordinator_id, found.instance)
-        if seen == key:
+        if found is not None and _writer_key(found) == _writer_key(state) and found.instance == self.instance:
             return state
         path = self.layout.state_file
         if found is None:
