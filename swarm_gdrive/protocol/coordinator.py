@@ -250,6 +250,7 @@ class Coordinator:
         self.instance = secrets.token_hex(8)
         self._experiment: ExperimentRecord | None = None  # experiment.json as this process wrote or resumed it
         self._taken_over: str | None = None  # the coordinator this one took over from (COORDINATOR_TAKEOVER)
+        self._frozen: set[tuple[str, float, int]] = set()  # peer files of other coordinators seen not beating
         self.liveness = Liveness(config.liveness_timeout)
         self.workers_seen: set[str] = set()
         # workers whose last record read says alive (liveness by listing), with when that entry was first read
@@ -963,6 +964,13 @@ class Coordinator:
         fields = ("run_id", "fingerprint", "coordinator_id", "mode")
         if found is not None and all(getattr(found, f) == getattr(mine, f) for f in fields):
             return
+        if found is not None and self._beating_rival(found.coordinator_id):
+            # One that took over with RESET_EXPERIMENT, between its experiment.json and its first state: not
+            # written over; its state decides at the next read-back (_face_rival).
+            logger.warning(
+                "experiment.json names run %s of coordinator %r, which runs", found.run_id, found.coordinator_id
+            )
+            return
         path = self.layout.experiment_file
         if found is None:
             why = self.exchange.rejection(path) or "missing"
@@ -987,6 +995,20 @@ class Coordinator:
             return None
         alive = record.node_id == node and record.role == "coordinator" and record.status == "alive"
         return record if alive else None
+
+    def _beating_rival(self, node: str) -> bool:
+        """Whether ``node``, another coordinator than this one and the one it took over, beats (:meth:`_watch_rival`).
+        A peer file found frozen is not watched again while it stays as it is, so a planted one cannot stall this
+        coordinator at each read-back."""
+        if node in (self.node_id, self._taken_over):
+            return False
+        peer = self._coordinator_peer(node)
+        if peer is None or (node, peer.registered_at, peer.heartbeat) in self._frozen:
+            return False
+        if self._watch_rival(node) is not None:
+            return True
+        self._frozen.add((node, peer.registered_at, peer.heartbeat))
+        return False
 
     def _rival_window(self) -> float:
         """How long another coordinator's heartbeat is watched: a running one beats at least once in it (as a
@@ -1075,7 +1097,8 @@ class Coordinator:
         One file, read by both: the one whose state is not in it yields, the other does not, so two coordinators end
         with one, never a livelock. What signs a state (a later change) would be checked here, before the watch."""
         rival = found.coordinator_id
-        if rival == self._taken_over or self._coordinator_peer(rival) is None:
+        peer = self._coordinator_peer(rival)
+        if rival == self._taken_over or peer is None or (rival, peer.registered_at, peer.heartbeat) in self._frozen:
             return
         logger.warning(
             "the state file holds coordinator %r's state (instance %s, round %d seq %d): writing nothing for %.1f s "
@@ -1092,6 +1115,8 @@ class Coordinator:
             return now is not None and now.coordinator_id == rival and now.instance != self.instance
 
         beat = self._watch_rival(rival, still)
+        if beat is None and still():  # its heartbeat did not move: not watched again while its file stays so
+            self._frozen.add((rival, peer.registered_at, peer.heartbeat))
         if beat is None or not still():
             return
         message = (

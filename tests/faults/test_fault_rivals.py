@@ -24,7 +24,7 @@ from faultkit import (
     wait_until,
 )
 
-from swarm_gdrive.protocol.records import ExperimentRecord, RecordError, StateRecord, decode, encode
+from swarm_gdrive.protocol.records import ExperimentRecord, PeerRecord, RecordError, StateRecord, decode, encode
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -209,3 +209,60 @@ def test_a_forged_run_change_in_both_files_ends_no_worker_and_heals(tmp_path):
     assert joined and {r.run_id for r in joined.values()} == {state.run_id}, (joined, late.lines[-20:])
     restored = [e.message for e in events(folder, "coord") if e.event == "experiment_restored"]
     assert restored and all(f"run_id '{FORGED_RUN}'" in m for m in restored), restored
+
+
+def test_a_takeover_with_a_reset_starts_a_new_run_and_the_old_coordinator_yields(tmp_path):
+    """COORDINATOR_TAKEOVER=true with RESET_EXPERIMENT=true and another SEED: the running experiment is archived,
+    the old coordinator yields (exit 2) instead of writing its run back, its workers end as on a reset (exit 3), and
+    workers started again play the new run."""
+    folder, swarm, writers = running_swarm(tmp_path)
+    first, old_w1, old_w2 = swarm.procs
+    old_run = read_record(folder, LAYOUT.experiment_file, ExperimentRecord).run_id
+    try:
+        second_coordinator(swarm, COORDINATOR_TAKEOVER="true", SEED="7")
+        assert first.wait(timeout=60) == 2, first.lines[-20:]
+        assert old_w1.wait(timeout=60) == 3 and old_w2.wait(timeout=60) == 3, swarm.tails()
+        swarm.start("w1b", node="w1", SEED="7")
+        swarm.start("w2b", node="w2", SEED="7")
+        codes = swarm.wait(timeout=180)
+    finally:
+        swarm.stop()
+        writers.stop()
+    assert codes == {"coord": 2, "w1": 3, "w2": 3, "coord2": 0, "w1b": 0, "w2b": 0}, swarm.tails()
+    state = assert_swarm_finished(folder, ROUNDS)
+    assert state.run_id != old_run and state.coordinator_id == "coord2"
+    for w in ("w1", "w2"):
+        assert_every_round_submitted(folder, w, range(ROUNDS))
+    assert "took over experiment 'faults'" in error_line(first)
+    assert list((folder / "archives").iterdir()), "the old run was not archived"
+
+
+def test_a_state_in_the_name_of_a_coordinator_whose_heartbeat_is_frozen_is_overwritten(tmp_path):
+    """A participant plants a coordinator's peer file (alive, never beating) and a state in its name: the running
+    coordinator watches that heartbeat, finds it frozen, writes its own state again, and does not yield."""
+    folder, swarm, writers = running_swarm(tmp_path)
+    try:
+        real = read_record(folder, LAYOUT.state_file, StateRecord)
+        now = time.time()
+        peer = PeerRecord(
+            node_id="mallory",
+            role="coordinator",
+            run_id=real.run_id,
+            registered_at=now,
+            heartbeat=5,
+            heartbeat_at=now,
+            status="alive",
+        )
+        plant(folder / LAYOUT.peer_file("mallory"), encode(peer))
+        fake = real.model_copy(update={"coordinator_id": "mallory", "seq": real.seq + 1, "instance": "ab" * 8})
+        plant(folder / LAYOUT.state_file, encode(fake))
+        said = "was not this coordinator's"
+        wait_until(lambda: any(said in x and "'mallory'" in x for x in swarm.procs[0].lines), 60, "restored", [])
+        codes = swarm.wait(timeout=180)
+    finally:
+        swarm.stop()
+        writers.stop()
+    assert codes == {"coord": 0, "w1": 0, "w2": 0}, swarm.tails()
+    assert_swarm_finished(folder, ROUNDS)
+    assert any("writing nothing for" in x and "'mallory'" in x for x in swarm.procs[0].lines)
+    assert not [e for e in events(folder, "coord") if e.event == "coordinator_overtaken"]
