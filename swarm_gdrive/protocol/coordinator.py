@@ -977,8 +977,8 @@ class Coordinator:
         else:
             why = ", ".join(f"{f} {getattr(found, f)!r}" for f in fields if getattr(found, f) != getattr(mine, f))
         self.exchange.write_experiment(mine)
-        self.log.event(
-            "experiment_restored",
+        self.log.event(  # the coordinator's own files, read back: the state's event, for either of them
+            "state_restored",
             f"{path} was not this run's ({why}): wrote run {mine.run_id} of coordinator {mine.coordinator_id!r} again",
             level="warning",
         )

@@ -207,7 +207,9 @@ def test_a_forged_run_change_in_both_files_ends_no_worker_and_heals(tmp_path):
         assert not [e for e in events(folder, w) if e.event == "worker_gave_up"]
     joined = rewards_present(folder, "w3")
     assert joined and {r.run_id for r in joined.values()} == {state.run_id}, (joined, late.lines[-20:])
-    restored = [e.message for e in events(folder, "coord") if e.event == "experiment_restored"]
+    restored = [
+        e.message for e in events(folder, "coord") if e.event == "state_restored" and "experiment.json" in e.message
+    ]
     assert restored and all(f"run_id '{FORGED_RUN}'" in m for m in restored), restored
 
 
