@@ -36,9 +36,17 @@ from swarm_gdrive.protocol.layout import Layout, parse_round_dir
 from swarm_gdrive.protocol.metrics import NodeLog
 from swarm_gdrive.protocol.polling import BRISK_FRACTION, Backoff, Pacer, RoundClock, Stopped, wait_for
 from swarm_gdrive.protocol.progress import SwarmProgress
-from swarm_gdrive.protocol.records import ExperimentRecord, PeerRecord, StateRecord
+from swarm_gdrive.protocol.records import (
+    MAX_BYTES,
+    ExperimentRecord,
+    PeerRecord,
+    RecordError,
+    StateRecord,
+    decode,
+)
 from swarm_gdrive.protocol.settings import ProtocolSettings
 from swarm_gdrive.protocol.tracking import tracking_for
+from swarm_gdrive.protocol.trust import CONFIRM_SECONDS
 from swarm_gdrive.storage import FileInfo, Storage
 
 logger = logging.getLogger(__name__)
@@ -52,6 +60,11 @@ ROUNDS_AHEAD = 2
 
 class ExperimentMismatchError(RuntimeError):
     """The folder holds an experiment with another configuration; the message says what to do."""
+
+
+class RivalCoordinatorError(ExperimentMismatchError):
+    """Another coordinator (another NODE_ID) runs this experiment: this one refused to start, or it yields to one
+    that took over (COORDINATOR_TAKEOVER). Exit code 2, as for a mismatch; the message names the other and the fix."""
 
 
 class Liveness:
@@ -194,6 +207,11 @@ def decide_async(
     return Decision(None, "workers playing")
 
 
+def _writer_key(state: StateRecord) -> tuple:
+    """What tells one write of a state from another."""
+    return (state.run_id, state.round, state.seq, state.status, state.coordinator_id)
+
+
 def _open(
     state: StateRecord, round_: int, status: str, live: frozenset[str], interval: float, now: float, reason: str
 ) -> StateRecord:
@@ -228,6 +246,11 @@ class Coordinator:
         self.node_id = node_id
         self.stop = stop
         self.clock = clock
+        #: This process, in every state it writes: its own writes are told from any other's, even its NODE_ID's.
+        self.instance = secrets.token_hex(8)
+        self._experiment: ExperimentRecord | None = None  # experiment.json as this process wrote or resumed it
+        self._taken_over: str | None = None  # the coordinator this one took over from (COORDINATOR_TAKEOVER)
+        self._frozen: set[tuple[str, float, int]] = set()  # peer files of other coordinators seen not beating
         self.liveness = Liveness(config.liveness_timeout)
         self.workers_seen: set[str] = set()
         # workers whose last record read says alive (liveness by listing), with when that entry was first read
@@ -253,7 +276,9 @@ class Coordinator:
     # -- start -----------------------------------------------------------------------------
 
     def open_experiment(self) -> StateRecord:
-        """Create the experiment, or resume it; refuse one with another configuration."""
+        """Create the experiment, or resume it; refuse one with another configuration, or one that another
+        coordinator still runs (:meth:`_refuse_live_rival`; before anything is written, a reset included)."""
+        self._refuse_live_rival()
         self._remove_own_temporaries()
         existing = self.exchange.read_experiment()
         state_exists = bool(self.exchange.entries(self.layout.state_dir))
@@ -279,6 +304,7 @@ class Coordinator:
             return self._create()
         self._play_mode(existing.mode, "the experiment's mode")
         self.exchange.run_id = existing.run_id
+        self._experiment = existing
         self._created_at = existing.created_at
         try:
             state = self.exchange.read_state()
@@ -312,6 +338,7 @@ class Coordinator:
                 "round_opened_at": time.time(),
                 "round_deadline": time.time() + self.config.coordinator_round_interval,
                 "coordinator_id": self.node_id,
+                "instance": self.instance,
                 "advance_reason": "resume" if state.status == "running" else state.advance_reason,
             }
         )
@@ -362,17 +389,16 @@ class Coordinator:
         self.exchange.run_id = run_id
         self.exchange.prepare_experiment()  # before experiment.json, which workers wait for
         self._created_at = time.time()
-        self.exchange.write_experiment(
-            ExperimentRecord(
-                experiment=self.config.experiment_name,
-                run_id=run_id,
-                fingerprint=self.config.fingerprint(),
-                config=self.config.fingerprint_fields(),
-                coordinator_id=self.node_id,
-                created_at=self._created_at,
-                mode=self.config.round_mode,
-            )
+        self._experiment = ExperimentRecord(
+            experiment=self.config.experiment_name,
+            run_id=run_id,
+            fingerprint=self.config.fingerprint(),
+            config=self.config.fingerprint_fields(),
+            coordinator_id=self.node_id,
+            created_at=self._created_at,
+            mode=self.config.round_mode,
         )
+        self.exchange.write_experiment(self._experiment)
         state = self._initial_state(run_id)
         self.exchange.write_state(state)
         self.log.event("experiment_created", f"run {run_id}", round_=0, fingerprint=self.config.fingerprint())
@@ -455,6 +481,7 @@ class Coordinator:
             coordinator_id=self.node_id,
             updated_at=now,
             mode=self.config.round_mode,
+            instance=self.instance,
         )
 
     # -- loop ------------------------------------------------------------------------------
@@ -514,8 +541,13 @@ class Coordinator:
         return frozenset(self.exchange.read_rewards(state.round, state.num_stages - 1, only=self.workers_seen))
 
     def run(self) -> int:
-        """Serve rounds until finished (0) or stopped (0)."""
-        state = self.open_experiment()
+        """Serve rounds until finished (0) or stopped (0). Raises :class:`RivalCoordinatorError` (exit code 2) when
+        another coordinator runs the experiment, at the start or once it took over."""
+        try:
+            state = self.open_experiment()
+        except Stopped:  # while it watched another coordinator's heartbeat: nothing written yet
+            logger.info("stopping on request")
+            return 0
         if state.status == "finished":
             logger.info("experiment %s already finished after %d rounds", self.config.experiment_name, state.round)
             self.log.flush()  # its coordinator_resumed event, and what a restart after the end found
@@ -546,7 +578,7 @@ class Coordinator:
             raise Stopped()
         now = self.clock()
         if now - checked >= self.config.heartbeat_interval:
-            state, checked = self._keep_own_state(state), now
+            state, checked = self._keep_own_state(state), self.clock()
         return state, checked, now
 
     def _serve(self, state: StateRecord, heartbeat: Heartbeat) -> None:
@@ -574,6 +606,9 @@ class Coordinator:
             )
             if decision.restart_timer:
                 opened = now
+            if decision.state is not None and not self._holds(state):
+                state, checked = self._keep_own_state(state), self.clock()  # a rival's: yield; else restored
+                continue
             if decision.state is not None:
                 self._publish(state, decision, live, submitted, now)
                 new_round = decision.state.round != state.round or decision.state.status != state.status
@@ -632,14 +667,7 @@ class Coordinator:
                 self.count_progress(state, live, state.max_rounds - 1)  # whoever else is done by now is counted so
                 decision = self._decide_async(state, live, now, settling)
             if decision.state is not None:
-                if decision.state.status == "running" and state.status == "waiting":
-                    self._prepare_async_rounds(decision.state, listed=False)  # before any worker writes into them
-                self.exchange.write_state(decision.state)
-                if decision.state.status != state.status:
-                    self._async_status_changed(decision.state, live, decision.reason)
-                state = decision.state
-                logctx.set_round(state.round)
-                heartbeat.set_round(state.round)
+                state = self._write_async(state, decision, live, heartbeat)
             if state.status == "running":
                 if now - said >= WAITING_REPORT_SECONDS:
                     said = now
@@ -653,6 +681,25 @@ class Coordinator:
             if state.status != "finished":
                 self.stop.wait(max(backoff.next(), 0.01))
         self._drain_async(state, live)
+
+    def _write_async(
+        self, state: StateRecord, decision: Decision, live: frozenset[str], heartbeat: Heartbeat
+    ) -> StateRecord:
+        """Write the decided state of an asynchronous experiment; returns the state in force. If the file no longer
+        holds ``state`` (:meth:`_holds`), nothing new is written: :meth:`_keep_own_state` yields to a rival or
+        restores ``state``, and the next pass decides again."""
+        new = decision.state
+        assert new is not None
+        if not self._holds(state):
+            return self._keep_own_state(state)
+        if new.status == "running" and state.status == "waiting":
+            self._prepare_async_rounds(new, listed=False)  # before any worker writes into them
+        self.exchange.write_state(new)
+        if new.status != state.status:
+            self._async_status_changed(new, live, decision.reason)
+        logctx.set_round(new.round)
+        heartbeat.set_round(new.round)
+        return new
 
     def _decide_async(
         self, state: StateRecord, live: frozenset[str], now: float, settling: frozenset[str] = frozenset()
@@ -833,6 +880,9 @@ class Coordinator:
         checkpoint and exit, instead of waiting COORDINATOR_WAIT_TIMEOUT for a round that will not open."""
         stopped = state.model_copy(update={"status": "stopped", "seq": state.seq + 1, "updated_at": time.time()})
         try:
+            if not self._holds(state):  # another coordinator's state, or a planted one: left to the next start
+                logger.warning("the state file no longer holds this coordinator's state: 'stopped' is not written")
+                return
             self.exchange.write_state(stopped)
         except OSError as exc:  # the stop goes on: the workers then wait for it, as after a crash
             logger.warning(
@@ -858,13 +908,26 @@ class Coordinator:
         for round_ in rounds:
             self.exchange.prepare_round(round_, state.num_stages)
 
-    def _keep_own_state(self, state: StateRecord) -> StateRecord:
-        """Read the state file back (every HEARTBEAT_INTERVAL): anything but the state this coordinator last wrote (a
-        folder or garbage planted there, another writer's state) is replaced by that state with ``seq`` + 1, so
-        workers are not left without a readable state until the next round opens. Returns the state in force."""
+    def _holds(self, state: StateRecord) -> bool:
+        """Whether the state file still holds ``state``, the last this process wrote: read before each write of a
+        new state (a listing of ``state/``; the file is downloaded only when it changed), so that this coordinator
+        never writes over another coordinator's state unseen, which would start a tug of war."""
         found = self.exchange.read_state_file()
-        key = (state.run_id, state.round, state.seq, state.status, state.coordinator_id)
-        if found is not None and (found.run_id, found.round, found.seq, found.status, found.coordinator_id) == key:
+        return found is not None and _writer_key(found) == _writer_key(state) and found.instance == self.instance
+
+    def _keep_own_state(self, state: StateRecord) -> StateRecord:
+        """Read the state file and experiment.json back (every HEARTBEAT_INTERVAL): anything but the state this
+        coordinator last wrote (a folder or garbage planted there, another writer's state) is replaced by that state
+        with ``seq`` + 1, so workers are not left without a readable state until the next round opens; an
+        experiment.json that is not this run's is written again (:meth:`_keep_own_experiment`). A state of another
+        live coordinator that stays is no forgery: this one yields (:meth:`_face_rival`). Returns the state in
+        force."""
+        found = self.exchange.read_state_file()
+        if found is not None and found.coordinator_id != self.node_id and found.instance != self.instance:
+            self._face_rival(found)  # raises when it is a live coordinator's state, and stays
+            found = self.exchange.read_state_file()
+        self._keep_own_experiment()
+        if found is not None and _writer_key(found) == _writer_key(state) and found.instance == self.instance:
             return state
         path = self.layout.state_file
         if found is None:
@@ -873,7 +936,13 @@ class Coordinator:
             why = f"round {found.round} seq {found.seq} of run {found.run_id} by {found.coordinator_id!r}"
         # Newer than what is there too (a forger's seq, as far as 64 bits go), so every reader's memory takes it.
         seq = max(state.seq, found.seq if found is not None and found.run_id == state.run_id else 0) + 1
-        restored = state.model_copy(update={"seq": seq if seq < 2**63 else state.seq + 1, "updated_at": time.time()})
+        restored = state.model_copy(
+            update={
+                "seq": seq if seq < 2**63 else state.seq + 1,
+                "updated_at": time.time(),
+                "instance": self.instance,
+            }
+        )
         self.exchange.write_state(restored)  # clears what blocks it (a folder, a link) as every write of its own does
         self.log.event(
             "state_restored",
@@ -882,6 +951,184 @@ class Coordinator:
             round_=state.round,
         )
         return restored
+
+    def _keep_own_experiment(self) -> None:
+        """experiment.json, read back with the state: one that no longer names this run as this coordinator wrote or
+        resumed it (run_id, fingerprint, coordinator_id, mode) is written again, with a warning. Workers end on a run
+        change only once both files have named the other run for a while (trust.py), so a forged run_id heals by
+        itself, and a worker restarted meanwhile joins the real run once it is back."""
+        mine = self._experiment
+        if mine is None:
+            return
+        found = self.exchange.read_experiment()
+        fields = ("run_id", "fingerprint", "coordinator_id", "mode")
+        if found is not None and all(getattr(found, f) == getattr(mine, f) for f in fields):
+            return
+        if found is not None and self._beating_rival(found.coordinator_id):
+            # One that took over with RESET_EXPERIMENT, between its experiment.json and its first state: not
+            # written over; its state decides at the next read-back (_face_rival).
+            logger.warning(
+                "experiment.json names run %s of coordinator %r, which runs", found.run_id, found.coordinator_id
+            )
+            return
+        path = self.layout.experiment_file
+        if found is None:
+            why = self.exchange.rejection(path) or "missing"
+        else:
+            why = ", ".join(f"{f} {getattr(found, f)!r}" for f in fields if getattr(found, f) != getattr(mine, f))
+        self.exchange.write_experiment(mine)
+        self.log.event(  # the coordinator's own files, read back: the state's event, for either of them
+            "state_restored",
+            f"{path} was not this run's ({why}): wrote run {mine.run_id} of coordinator {mine.coordinator_id!r} again",
+            level="warning",
+        )
+
+    # -- another coordinator ---------------------------------------------------------------
+
+    def _coordinator_peer(self, node: str) -> PeerRecord | None:
+        """``node``'s peer file when it says an alive coordinator (of any run: one that took over may have reset the
+        experiment); None otherwise (absent, unreadable, a worker's, stopped)."""
+        try:
+            data = self.exchange.storage.read_bytes(self.layout.peer_file(node), MAX_BYTES["peer"])
+            record = decode(data, PeerRecord)
+        except (OSError, RecordError):
+            return None
+        alive = record.node_id == node and record.role == "coordinator" and record.status == "alive"
+        return record if alive else None
+
+    def _beating_rival(self, node: str) -> bool:
+        """Whether ``node``, another coordinator than this one and the one it took over, beats (:meth:`_watch_rival`).
+        A peer file found frozen is not watched again while it stays as it is, so a planted one cannot stall this
+        coordinator at each read-back."""
+        if node in (self.node_id, self._taken_over):
+            return False
+        peer = self._coordinator_peer(node)
+        if peer is None or (node, peer.registered_at, peer.heartbeat) in self._frozen:
+            return False
+        if self._watch_rival(node) is not None:
+            return True
+        self._frozen.add((node, peer.registered_at, peer.heartbeat))
+        return False
+
+    def _rival_window(self) -> float:
+        """How long another coordinator's heartbeat is watched: a running one beats at least once in it (as a
+        NODE_ID twin is watched, §7), and its state stays at least the workers' confirmation window."""
+        hb, lag = self.config.heartbeat_interval, self.config.sync_lag
+        return max(2 * hb + lag, CONFIRM_SECONDS + lag)
+
+    def _watch_rival(self, node: str, still: Callable[[], bool] | None = None) -> str | None:
+        """Watch ``node``'s peer file for :meth:`_rival_window` seconds: what shows that a coordinator is beating
+        there (its heartbeat rose, or another registration replaced it), or None (absent, not a coordinator's, or
+        frozen: a dead one, or a file planted once). Without ``still`` the watch ends at the first rise; with it,
+        it lasts the whole window, ``still`` is asked at each look, and False ends it (None). Raises
+        :class:`Stopped` when this node is stopped meanwhile."""
+        first = self._coordinator_peer(node)
+        if first is None:
+            return None
+        window = self._rival_window()
+        started = self.clock()
+        risen: str | None = None
+        while True:
+            elapsed = self.clock() - started
+            if still is None and risen is not None:
+                return risen
+            if still is not None and not still():
+                return None
+            if elapsed >= window:
+                return risen
+            if self.stop.wait(min(self.config.heartbeat_interval / 2, max(window - elapsed, 0.01))):
+                raise Stopped()
+            seen = self._coordinator_peer(node)
+            rose = seen is not None and (seen.registered_at != first.registered_at or seen.heartbeat > first.heartbeat)
+            if risen is None and rose:
+                risen = (
+                    f"its heartbeat in {self.layout.peer_file(node)} went from {first.heartbeat} to "
+                    f"{seen.heartbeat} in {self.clock() - started:.1f} s"
+                )
+
+    def _refuse_live_rival(self) -> None:
+        """At start, before anything is written: a ``waiting`` or ``running`` state of another coordinator (another
+        NODE_ID) whose heartbeat still beats means that coordinator runs the experiment. Without
+        COORDINATOR_TAKEOVER this one refuses (:class:`RivalCoordinatorError`, exit code 2); with it, this one goes
+        on and the other yields once it sees this one's state (:meth:`_face_rival`). A coordinator restarted after
+        its own death (same NODE_ID; a live twin is refused by the launcher) or after the other's death (frozen
+        heartbeat: up to :meth:`_rival_window` seconds' watch) resumes as before."""
+        found = self.exchange.read_state_file()
+        if found is None or found.status not in ("waiting", "running") or found.coordinator_id == self.node_id:
+            return
+        rival = found.coordinator_id
+        if self._coordinator_peer(rival) is not None:
+            logger.info(
+                "the state was written by coordinator %r: watching its heartbeat %.1f s to see whether it still runs",
+                rival,
+                self._rival_window(),
+            )
+        beat = self._watch_rival(rival)
+        if beat is None:
+            return
+        who = (
+            f"coordinator {rival!r} (instance {found.instance or 'not given'}) runs this experiment: it last wrote "
+            f"the state (round {found.round}, {found.status}) {max(0.0, time.time() - found.updated_at):.1f} s ago by "
+            f"this node's clock, and {beat}"
+        )
+        if not self.config.coordinator_takeover:
+            raise RivalCoordinatorError(
+                f"EXPERIMENT_NAME={self.config.experiment_name!r}: {who}. Stop it, or wait until it is gone (a "
+                f"coordinator whose heartbeat stopped for {self._rival_window():g} s is not in the way), or set "
+                f"COORDINATOR_TAKEOVER=true to take over (it then exits with code 2); see docs/operations.md, "
+                "'Two coordinators'"
+            )
+        self._taken_over = rival
+        logger.warning("COORDINATOR_TAKEOVER: %s; this one takes over, and it exits once it sees this one's state", who)
+
+    def _face_rival(self, found: StateRecord) -> None:
+        """The state file holds ``found``, written by another coordinator (another NODE_ID). Whether this one yields:
+
+        - the coordinator this one took over from (COORDINATOR_TAKEOVER): never; its state is overwritten, and it
+          yields once it sees this one's;
+        - no alive coordinator's peer file of that name: a forgery, overwritten at once (as a planted state always
+          was);
+        - otherwise this one writes nothing while it watches that coordinator's heartbeat for :meth:`_rival_window`
+          seconds: if it beats and its state is still in the file, it took over (or was started beside this one and
+          wrote last): this one logs an error naming it and raises :class:`RivalCoordinatorError` (exit code 2).
+          If its state goes away (this one's own in the file again: the other yielded), or its heartbeat is frozen,
+          this one goes on, and a state not its own is overwritten.
+
+        One file, read by both: the one whose state is not in it yields, the other does not, so two coordinators end
+        with one, never a livelock. What signs a state (a later change) would be checked here, before the watch."""
+        rival = found.coordinator_id
+        peer = self._coordinator_peer(rival)
+        if rival == self._taken_over or peer is None or (rival, peer.registered_at, peer.heartbeat) in self._frozen:
+            return
+        logger.warning(
+            "the state file holds coordinator %r's state (instance %s, round %d seq %d): writing nothing for %.1f s "
+            "while watching whether it runs",
+            rival,
+            found.instance or "not given",
+            found.round,
+            found.seq,
+            self._rival_window(),
+        )
+
+        def still() -> bool:
+            now = self.exchange.read_state_file()
+            return now is not None and now.coordinator_id == rival and now.instance != self.instance
+
+        beat = self._watch_rival(rival, still)
+        if beat is None and still():  # its heartbeat did not move: not watched again while its file stays so
+            self._frozen.add((rival, peer.registered_at, peer.heartbeat))
+        if beat is None or not still():
+            return
+        message = (
+            f"coordinator {rival!r} (instance {found.instance or 'not given'}) took over experiment "
+            f"{self.config.experiment_name!r}: its state (round {found.round}, {found.status}) stayed in "
+            f"{self.layout.state_file} for {self._rival_window():g} s and {beat}. This coordinator ({self.node_id!r}, "
+            f"instance {self.instance}) exits and leaves the experiment to it; to run this one instead, stop that one "
+            "first, or start this one with COORDINATOR_TAKEOVER=true (docs/operations.md, 'Two coordinators')"
+        )
+        self.log.event("coordinator_overtaken", message, level="error", rival=rival)
+        self.log.flush()
+        raise RivalCoordinatorError(message)
 
     def _publish(
         self, old: StateRecord, decision: Decision, live: frozenset[str], submitted: frozenset[str], now: float

@@ -73,6 +73,10 @@ def _is_sync(value: object) -> bool:
     return value == "sync"
 
 
+def _is_none(value: object) -> bool:
+    return value is None
+
+
 class ExperimentRecord(_Record):
     """experiment.json: written once by the coordinator."""
 
@@ -112,6 +116,11 @@ class StateRecord(_Record):
     #: Left out of the JSON when ``sync``, so that a synchronous run's state file is what it was before the field
     #: existed.
     mode: Literal["sync", "async"] = Field(default="sync", exclude_if=_is_sync)
+    #: The coordinator process that wrote the state (random, new at each start): a coordinator tells its own writes
+    #: from another's, even one with its NODE_ID. Left out of the JSON when unset, as before the field existed.
+    instance: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")] | None = Field(
+        default=None, exclude_if=_is_none
+    )
 
     def is_newer_than(self, other: StateRecord | None) -> bool:
         """Monotonic order by (round, seq): the coordinator increments seq on every write."""

@@ -279,6 +279,14 @@ class ProtocolSettings(StorageSettings):
         "archives/ and start afresh, instead of refusing.",
         parse_bool,
     )
+    coordinator_takeover: bool = env_field(
+        "COORDINATOR_TAKEOVER",
+        False,
+        "Coordinator only: take over an experiment whose coordinator (another NODE_ID) is still running, instead of "
+        "refusing to start (exit code 2); the other one sees this one's state and exits with code 2. See "
+        "docs/operations.md, 'Two coordinators'.",
+        parse_bool,
+    )
     report_to: str = env_field(
         "REPORT_TO",
         "none",

@@ -7,7 +7,10 @@ round past the newest state it trusts (the coordinator advances one round at a t
 ``max_rounds``. Any other newer state (a jump, ``finished``, ``stopped``, another coordinator) is played only
 once it has stayed in the file for ``confirm_s`` seconds; one that goes away sooner is rejected and never
 played, so a forged state visible for a moment changes nothing. A state of another run ends the worker only when
-experiment.json names that run too (a real reset); otherwise it is rejected.
+experiment.json names that run too, both name the same coordinator, and both have stayed so for ``run_change_s``
+seconds (a real reset); otherwise it is rejected. A participant who rewrites both files at once does not end the
+swarm: the coordinator reads both back every HEARTBEAT_INTERVAL and writes its own again (a forged run change then
+heals by itself), so ``run_change_s`` is longer than that.
 
 The memory works the other way too: when every state the file shows has been older than the trusted
 one, or more than one round behind the worker's own progress, for ``confirm_s`` seconds, the trusted
@@ -43,10 +46,14 @@ class StateFollower:
         confirm_s: float,
         on_reject: RejectHook | None = None,
         clock: Callable[[], float] = time.monotonic,
+        run_change_s: float | None = None,
     ) -> None:
         self.exchange = exchange
         self.experiment = experiment
         self.confirm_s = confirm_s
+        #: How long another run must stay in both the state and experiment.json before this worker ends.
+        self.run_change_s = confirm_s if run_change_s is None else max(confirm_s, run_change_s)
+        self._run_change: tuple[str, float] | None = None  # the other run both files name, and since when
         self.trusted: StateRecord | None = None
         self.overdue = False  # the file has been behind the trusted state or the worker's progress for confirm_s
         self._anchor = -1 if last_round is None else last_round  # before any state is trusted
@@ -70,7 +77,9 @@ class StateFollower:
         """
         now = self._clock()
         state = self.exchange.read_state_file()
-        if state is None or not self._same_run(state):
+        if state is None or state.run_id == self.experiment.run_id:
+            self._run_change = None  # another run must stay in the file without a break
+        if state is None or not self._same_run(state, now):
             return self.trusted
         candidate = self._candidate[0] if self._candidate is not None else None
         if candidate is not None and state != candidate and not state.is_newer_than(candidate):
@@ -99,15 +108,42 @@ class StateFollower:
 
     # -- the rule --------------------------------------------------------------------------
 
-    def _same_run(self, state: StateRecord) -> bool:
+    def _same_run(self, state: StateRecord, now: float) -> bool:
         if state.run_id == self.experiment.run_id:
             if state.mode != self.experiment.mode:  # a state of another ROUND_MODE is no state of this run
                 self._reject(f"mode {state.mode} is not experiment.json's ({self.experiment.mode}): not played")
                 return False
             return True
         now_defined = self.exchange.read_experiment()
+        if (
+            now_defined is not None
+            and now_defined.run_id == state.run_id
+            and now_defined.coordinator_id == state.coordinator_id
+        ):
+            # A reset, or both files forged: the coordinator writes its own back within HEARTBEAT_INTERVAL.
+            if self._run_change is None or self._run_change[0] != state.run_id:
+                self._run_change = (state.run_id, now)
+                logger.info(
+                    "the state and experiment.json name run %s of coordinator %r, not run %s: this worker ends only "
+                    "if both still do in %g s",
+                    state.run_id,
+                    state.coordinator_id,
+                    self.experiment.run_id,
+                    self.run_change_s,
+                )
+            elif now - self._run_change[1] >= self.run_change_s:
+                raise RunChangedError(
+                    f"the state now belongs to run {state.run_id}, not {self.experiment.run_id}, and experiment.json "
+                    f"has named it for {self.run_change_s:g} s"
+                )
+            return False
+        self._run_change = None
         if now_defined is not None and now_defined.run_id == state.run_id:
-            raise RunChangedError(f"the state now belongs to run {state.run_id}, not {self.experiment.run_id}")
+            self._reject(
+                f"run_id {state.run_id} by coordinator {state.coordinator_id!r}, but experiment.json names "
+                f"{now_defined.coordinator_id!r}: not played"
+            )
+            return False
         defined = now_defined.run_id if now_defined is not None else "absent"
         self._reject(f"run_id {state.run_id} is not experiment.json's ({defined}): not played")
         return False

@@ -353,6 +353,8 @@ class Worker:
             last,
             CONFIRM_SECONDS + self.config.sync_lag,
             on_reject=self._rejected,
+            # past the coordinator's read-back of both files (every HEARTBEAT_INTERVAL), which reverts a forgery
+            run_change_s=CONFIRM_SECONDS + self.config.sync_lag + 2 * self.config.heartbeat_interval,
         )
         target = 0 if last is None else last + 1
         while True:

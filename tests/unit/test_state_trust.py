@@ -125,16 +125,55 @@ def test_a_finish_or_another_coordinator_must_stay_too(setup, change, reason):
 
 
 def test_another_runs_state_is_rejected_unless_experiment_json_names_that_run(setup):
-    writer, follower, rejected, _ = setup
+    writer, follower, rejected, clock = setup
     writer.write_state(state(0, 2))
     follower.read(0)
     writer.write_state(state(7, 8, run_id=OTHER))
     assert follower.read(2).round == 0
     assert follower.read(2).round == 0
     assert rejected == [f"run_id {OTHER} is not experiment.json's ({RUN}): not played"]  # said once
-    writer.write_experiment(experiment(OTHER))  # a real reset
+    writer.write_experiment(experiment(OTHER))  # a real reset: it ends the worker once both files kept it a while
+    assert follower.read(2).round == 0
+    clock.now += 1.9
+    assert follower.read(2).round == 0
+    clock.now += 0.1
     with pytest.raises(RunChangedError):
         follower.read(2)
+
+
+def test_a_run_change_in_both_files_that_the_coordinator_reverts_within_the_window_ends_no_worker(setup):
+    """A participant rewrote experiment.json and the state with another run: the coordinator writes its own back
+    (its read-back), and the worker, which saw the other run for less than the window, goes on."""
+    writer, follower, _, clock = setup
+    writer.write_state(state(0, 2))
+    follower.read(0)
+    writer.write_experiment(experiment(OTHER))
+    writer.write_state(state(0, 3, run_id=OTHER))
+    assert follower.read(1).round == 0
+    clock.now += 1.5
+    writer.write_state(state(0, 4))  # the coordinator's state back first: the other run's window starts again
+    assert follower.read(1).round == 0
+    writer.write_state(state(0, 5, run_id=OTHER))
+    clock.now += 1.5
+    assert follower.read(1).round == 0
+    writer.write_experiment(experiment())
+    clock.now += 1.5
+    assert follower.read(1).round == 0  # experiment.json back: rejected, no window
+    writer.write_state(state(0, 6))
+    clock.now += 5
+    assert follower.read(1).seq == 6
+
+
+def test_a_run_change_whose_state_names_another_coordinator_than_experiment_json_ends_no_worker(setup):
+    writer, follower, rejected, clock = setup
+    writer.write_state(state(0, 2))
+    follower.read(0)
+    writer.write_experiment(experiment(OTHER))
+    writer.write_state(state(0, 3, run_id=OTHER, coordinator_id="mallory"))
+    for _ in range(5):
+        clock.now += 1.0
+        assert follower.read(1).round == 0
+    assert rejected == [f"run_id {OTHER} by coordinator 'mallory', but experiment.json names 'coord': not played"]
 
 
 def test_a_forged_state_that_stayed_is_dropped_once_the_coordinators_own_go_on_behind_it(setup):
