@@ -26,7 +26,7 @@ from swarm_gdrive.envparse import (
     parse_name,
     parse_seconds,
 )
-from swarm_gdrive.storage.settings import StorageSettings
+from swarm_gdrive.storage.settings import StorageSettings, inside_shared_folder
 
 ROLES = ("coordinator", "worker")
 PUBLISH_FREQUENCIES = ("generation", "stage", "round")
@@ -269,7 +269,8 @@ class ProtocolSettings(StorageSettings):
     local_dir: str = env_field(
         "SWARM_LOCAL_DIR",
         "~/.cache/swarm-gdrive",
-        "Node-local folder (never shared) that keeps generated node identities.",
+        "Node-local folder that keeps generated node identities and restored checkpoints; refused inside "
+        "GDRIVE_PATH (every participant writes there).",
         parse_local_dir,
     )
     reset_experiment: bool = env_field(
@@ -300,7 +301,7 @@ class ProtocolSettings(StorageSettings):
         "TRACKING_DIR",
         None,
         "Node-local folder for the trackers' files (TensorBoard event files, W&B runs, trackio's database); "
-        "unset: {SWARM_LOCAL_DIR}/runs. Never the shared folder.",
+        "unset: {SWARM_LOCAL_DIR}/runs. Refused inside GDRIVE_PATH.",
         parse_local_dir,
     )
     tracking_project: str = env_field(
@@ -394,6 +395,18 @@ def check_lag(config: ProtocolSettings) -> None:
 
 def check_relations(config: ProtocolSettings) -> None:
     """The protocol's settings that contradict each other (SYNC_LAG's bounds: :func:`check_lag`)."""
+    for var, folder, what in (
+        ("SWARM_LOCAL_DIR", config.local_dir, "its identities and their locks, and restored checkpoints"),
+        ("TRACKING_DIR", config.tracking_dir, "its tracker runs"),
+    ):
+        if folder and inside_shared_folder(folder, config.gdrive_path):
+            raise ConfigError(
+                var,
+                folder,
+                f"it is inside the shared folder GDRIVE_PATH={config.gdrive_path!r}, where every participant can "
+                f"write, and this node writes {what} there in place: set {var} to a folder outside GDRIVE_PATH "
+                "(unset: the default, under ~/.cache/swarm-gdrive)",
+            )
     if config.liveness_timeout <= 2 * config.heartbeat_interval:
         raise ConfigError(
             "LIVENESS_TIMEOUT",

@@ -42,6 +42,16 @@ def is_url(text: str) -> bool:
     return bool(_URL.fullmatch(text.strip()))
 
 
+def inside_shared_folder(path: str, gdrive_path: str) -> bool:
+    """Whether the local folder ``path`` is GDRIVE_PATH or inside it, compared resolved (a symlink or ``..`` does not
+    hide it); never for a GDRIVE_PATH that is a URL (gdrive://, s3://, ...), which holds no local folder."""
+    if not gdrive_path or not path or is_url(gdrive_path):
+        return False
+    shared = Path(gdrive_path).expanduser().resolve()
+    folder = Path(path).expanduser().resolve()
+    return folder == shared or shared in folder.parents
+
+
 def parse_gdrive_path(var: str, raw: str) -> str:
     """GDRIVE_PATH: a Drive or fsspec URL with safe path components, or an existing writable folder."""
     text = raw.strip()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from swarm_gdrive.envparse import (
     ConfigError,
@@ -26,7 +25,7 @@ from swarm_gdrive.envparse import (
     parse_text,
 )
 from swarm_gdrive.protocol.settings import ProtocolSettings
-from swarm_gdrive.storage.settings import is_url
+from swarm_gdrive.storage.settings import inside_shared_folder
 
 #: PRECISION's values (training.policy.pick_precision).
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -332,11 +331,7 @@ def check_model_cache_dir(model_cache_dir: str, gdrive_path: str) -> None:
     loaded as it is (weights, config and tokenizer files): a cache there would let another participant choose the
     model this node trains. Compared as resolved paths, so a symlink or ``..`` does not hide the overlap; a
     GDRIVE_PATH that is a URL (gdrive://, s3://, ...) is not a local folder and cannot contain it."""
-    if not gdrive_path or is_url(gdrive_path):
-        return
-    shared = Path(gdrive_path).expanduser().resolve()
-    cache = Path(model_cache_dir).expanduser().resolve()
-    if cache == shared or shared in cache.parents:
+    if inside_shared_folder(model_cache_dir, gdrive_path):
         raise ConfigError(
             "MODEL_CACHE_DIR",
             model_cache_dir,
