@@ -214,8 +214,15 @@ def measure_tree(tree: Path, folder: Path, timeout: float, out_dir: Path) -> dic
     readers = {
         "status": [*base, "status", *where],
         "validate": [
-            *base, "validate", *where, "--rounds", str(ROUNDS), "--nodes", str(WORKERS),
-            "--transplants", str(TRANSPLANTS),
+            *base,
+            "validate",
+            *where,
+            "--rounds",
+            str(ROUNDS),
+            "--nodes",
+            str(WORKERS),
+            "--transplants",
+            str(TRANSPLANTS),
         ],  # fmt: skip
         "report": [*base, "report", *where, "--out", str(out_dir / "report")],
     }
@@ -313,8 +320,10 @@ def main(argv: list[str] | None = None) -> int:
             "transplants": TRANSPLANTS,
         },
         "planted": planted,
-        "trees": {label: {k: {kk: vv for kk, vv in v.items() if kk != "tail"} for k, v in r.items()}
-                  for label, r in measured.items()},  # fmt: skip
+        "trees": {
+            label: {k: {kk: vv for kk, vv in v.items() if kk != "tail"} for k, v in r.items()}
+            for label, r in measured.items()
+        },  # fmt: skip
         "targets": {"seconds": TARGET_S, "peak_mb": TARGET_MB},
         "machine": machine_info("cpu", source),
     }

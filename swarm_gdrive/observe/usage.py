@@ -3,9 +3,10 @@ the room the storage has left (Drive's quota, a file system's free space).
 
 One walk of the experiment folder's listings (sizes and modification times; nothing is downloaded), at most
 :data:`MAX_FOLDERS` folders and :data:`MAX_ENTRIES` entries. "Written in the last hour" counts the files whose
-modification time is within the hour before the monitor's clock and that are still there: what the experiment grew by in that hour, less nothing that was
-deleted since (a pruned checkpoint is gone from it; on a mounted Drive its bytes went to Drive's trash, which the
-storage line shows where the backend reports it). Read only, like every observer.
+modification time is within the hour before the monitor's clock and that are still there: what the experiment grew
+by in that hour, less nothing that was deleted since (a pruned checkpoint is gone from it; on a mounted Drive its
+bytes went to Drive's trash, which the storage line shows where the backend reports it). Read only, like every
+observer.
 """
 
 from __future__ import annotations
