@@ -52,7 +52,7 @@ def build_experiment(folder: Path, env: dict[str, str]) -> None:
         "--experiment", EXPERIMENT, "--workers", str(WORKERS), "--rounds", str(ROUNDS),
         "--transplants", str(TRANSPLANTS),
     ]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=tempfile.gettempdir())
     if done.returncode != 0:
         raise SystemExit(f"the demo that builds the experiment failed ({done.returncode}):\n{done.stdout[-3000:]}")
 
@@ -139,7 +139,9 @@ def run_command(argv: list[str], env: dict[str, str], timeout: float) -> dict[st
     """One reader as its own process: wall seconds, peak RSS (MB), exit code, the tail of its output."""
     started = time.monotonic()
     with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        # Run from another folder: ``python -m`` puts the working directory first on sys.path, which would import
+        # this tree's package whatever PYTHONPATH says.
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
         deadline = started + timeout
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -170,7 +172,7 @@ def run_dashboard(argv: list[str], env: dict[str, str], timeout: float) -> dict[
     started = time.monotonic()
     result: dict[str, Any] = {"exit": None, "timed_out": False}
     with tempfile.NamedTemporaryFile("w+b") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
         try:
             url = None
             while url is None and proc.poll() is None and time.monotonic() < started + timeout:

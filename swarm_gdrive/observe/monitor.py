@@ -166,7 +166,7 @@ class Bounds:
     max_rounds: int | None = None
     num_stages: int | None = None
     first: set[str] = field(default_factory=set)
-    per_folder: int = MAX_FILES_PER_FOLDER
+    per_folder: int = field(default_factory=lambda: MAX_FILES_PER_FOLDER)
     problems: list[str] = field(default_factory=list)
 
     def rounds(self, exchange: Exchange, folder: str, slack: int = 0) -> list[tuple[str, int]]:
