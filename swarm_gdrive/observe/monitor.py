@@ -156,11 +156,11 @@ class Bounds:
     model: anyone who can write the folder can plant files in it).
 
     Round folders past the state's ``max_rounds`` (evals: the model after R rounds, so up to ``max_rounds``) and
-    stage folders past its ``num_stages`` hold nothing a node of this run writes: they are counted, not listed.
-    In a folder with more than ``per_folder`` node files, the files of ``first`` (the state's live workers and
-    coordinator, the registered peers) are examined before the others, in name order, up to ``per_folder``; the
-    rest are counted. Every such count is a problem of the snapshot (the ``unreadable`` finding). On the folder of
-    a normal experiment nothing is left out.
+    stage folders past its ``num_stages`` hold nothing a node of this run writes: they are counted, not read. In a
+    folder with more than ``per_folder`` node files (logs/: node folders), those of ``first`` (the state's live
+    workers and coordinator, the registered peers) are examined before the others, in name order, up to
+    ``per_folder``; the rest are counted. Every such count is a problem of the snapshot (the ``unreadable``
+    finding). On the folder of a normal experiment nothing is left out.
     """
 
     max_rounds: int | None = None
@@ -197,8 +197,8 @@ class Bounds:
         order = sorted(entries, key=lambda node: (node not in self.first, node))
         self.problems.append(
             f"{folder}: {len(entries) - self.per_folder} more file(s) not examined: the monitor reads at most "
-            f"{self.per_folder} node files of a folder (MAX_FILES_PER_FOLDER), the known nodes' first; that many "
-            "were written by something other than this run's nodes"
+            f"{self.per_folder} nodes' files (or log folders) of a folder (MAX_FILES_PER_FOLDER), the known nodes' "
+            "first; that many were written by something other than this run's nodes"
         )
         return {node: entries[node] for node in order[: self.per_folder]}
 
@@ -257,7 +257,7 @@ def load(storage: Storage, experiment: str, now: float | None = None, liveness_t
     rewards = _sorted(pd.DataFrame(reward_rows(exchange, bounds), columns=REWARD_COLUMNS), ["node", "round", "stage"])
     rollouts = _sorted(pd.DataFrame(_rollout_rows(exchange, bounds), columns=ROLLOUT_COLUMNS), ROLLOUT_COLUMNS)
     evals = pd.DataFrame(eval_rows(exchange, bounds), columns=EVAL_COLUMNS)
-    logs = load_logs(exchange, problems)
+    logs = load_logs(exchange, problems, bounds.pick)  # at most per_folder nodes' log folders
     return Snapshot(
         experiment=experiment,
         now=now,

@@ -65,8 +65,8 @@ def _forge(folder: Path, template: str, target: str, node: str) -> None:
 @pytest.fixture
 def flooded(finished, tmp_path) -> Path:
     """The finished run with ``PLANTED`` valid-looking records of planted nodes in each of a round's reward and
-    rollout folders, an eval round and the peers folder, and records in round and stage folders no node of a
-    3-round, 1-stage run writes."""
+    rollout folders, an eval round, the peers folder and logs/ (a log folder each), and records in round and stage
+    folders no node of a 3-round, 1-stage run writes."""
     folder = tmp_path / "flooded"
     shutil.copytree(finished, folder)
     reward, rollout, peer = LAYOUT.reward_file(1, 0, "w1"), LAYOUT.rollout_file(1, 0, "w1"), LAYOUT.peer_file("w1")
@@ -76,6 +76,8 @@ def flooded(finished, tmp_path) -> Path:
         _forge(folder, rollout, LAYOUT.rollout_file(1, 0, node), node)
         _forge(folder, peer, LAYOUT.peer_file(node), node)
         _forge(folder, reward, LAYOUT.eval_file(3, node), node)
+        (folder / LAYOUT.logs_dir(node)).mkdir(parents=True)
+        shutil.copy(folder / LAYOUT.metrics_file("w1"), folder / LAYOUT.metrics_file(node))
     for round_, stage in ((7, 0), (500, 0), (1, 3)):
         _forge(folder, reward, LAYOUT.reward_file(round_, stage, "w1"), "w1")
         _forge(folder, rollout, LAYOUT.rollout_file(round_, stage, "w1"), "w1")
@@ -93,6 +95,8 @@ def test_a_flooded_folder_is_read_within_bounds_and_the_run_s_own_files_all_are(
         own = 3 if folder == LAYOUT.peers_dir else 2  # the coordinator's peer file, each worker's
         assert any(p.startswith(f"{folder}: {PLANTED + own - CAP} more file(s) not examined") for p in snap.problems)
     assert len([p for p in storage.reads if "/evals/round_3/" in p]) <= CAP
+    assert len({p.split("/")[3] for p in storage.reads if p.startswith(f"{LAYOUT.logs_root}/")}) <= CAP
+    assert any(p.startswith(f"{LAYOUT.logs_root}: {PLANTED + 3 - CAP} more") for p in snap.problems)
     # Round and stage folders past the state's max_rounds and num_stages are not read (the size walk lists them).
     for far in ("round_7/", "round_500/", "round_1/stage_3/"):
         assert not [p for p in storage.reads if far in p]
@@ -107,6 +111,7 @@ def test_a_flooded_folder_is_read_within_bounds_and_the_run_s_own_files_all_are(
         zip(rollouts["node"], rollouts["round"], strict=True)
     )
     assert {"coord", "w1", "w2"} <= set(snap.peers["node"])
+    assert {"coord", "w1", "w2"} <= set(snap.metrics["node"]) and {"w1", "w2"} <= set(snap.log_files)
     assert status_table(snap)  # and the readers still render it
     assert [f for f in findings(snap) if f.code == "unreadable"]
 
