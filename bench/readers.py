@@ -5,7 +5,9 @@ The experiment is real: ``swarm-gdrive demo --workload synthetic`` (a coordinato
 rounds, J = 1) on a local folder. Then, as a participant of the shared folder could, the bench plants ``--files``
 files spread over the folders the readers walk (rollouts and rewards of many rounds, peers, evals, logs), most with
 names a node would use (``hostile-N.json``): copies of the run's own records, valid (their ``node_id`` rewritten to
-match the name) or not (a node id that does not match, truncated JSON), and some with junk names; and ``--junk-gib``
+match the name) or not (a node id that does not match, truncated JSON), and some with junk names (``--layout``:
+``spread`` over hundreds of round folders and 50 log folders, or ``crowded`` into the peers folder and one round's
+folders); and ``--junk-gib``
 of junk: sparse files under names the readers open (a 600 MiB "rollout batch", a log file), a sparse checkpoint,
 and 32 MiB of real random bytes.
 
@@ -39,10 +41,13 @@ PART = "readers"
 EXPERIMENT = "scale"
 ROUNDS, WORKERS, TRANSPLANTS = 3, 2, 1
 TARGET_S, TARGET_MB = 10.0, 500.0
-#: The share of each kind of planted file, in the order planted (they sum to 1).
-SHARES = {"rollouts": 0.4, "rewards": 0.3, "peers": 0.1, "evals": 0.1, "logs": 0.1}
-#: Planted files per round (or node) folder.
-PER_FOLDER = 100
+#: Per layout: the share of each kind of planted file, in the order planted (they sum to 1), and the planted files
+#: per round (or log) folder. ``spread``: over 200 round folders of rollouts and rewards (100 a folder), 50 eval
+#: rounds, the peers folder and 50 log folders. ``crowded``: in the peers folder and one round's stage folders.
+LAYOUTS = {
+    "spread": ({"rollouts": 0.4, "rewards": 0.3, "peers": 0.1, "evals": 0.1, "logs": 0.1}, 100),
+    "crowded": ({"rollouts": 0.3, "rewards": 0.3, "peers": 0.4}, 10**9),
+}
 
 
 def build_experiment(folder: Path, env: dict[str, str]) -> None:
@@ -62,8 +67,10 @@ def _forged(template: dict[str, Any], node: str, valid: bool) -> bytes:
     return json.dumps(record, separators=(",", ":")).encode()
 
 
-def plant(root: Path, files: int, junk_bytes: int, seed: int = 0) -> dict[str, int]:
-    """Plant ``files`` peer files and ``junk_bytes`` of junk into the experiment at ``root``; what went where."""
+def plant(root: Path, files: int, junk_bytes: int, layout: str = "spread", seed: int = 0) -> dict[str, int]:
+    """Plant ``files`` peer files (:data:`LAYOUTS`) and ``junk_bytes`` of junk into the experiment at ``root``; what
+    went where."""
+    shares, per_folder = LAYOUTS[layout]
     rng = random.Random(seed)
     templates = {
         "rollouts": json.loads((root / "rollouts/round_0/stage_0/worker-1.json").read_bytes()),
@@ -76,11 +83,11 @@ def plant(root: Path, files: int, junk_bytes: int, seed: int = 0) -> dict[str, i
     metrics = (root / "logs/worker-1/metrics.jsonl").read_bytes()
     counts: dict[str, int] = {}
     planted = 0
-    for kind, share in SHARES.items():
-        n = files - planted if kind == list(SHARES)[-1] else int(files * share)
+    for kind, share in shares.items():
+        n = files - planted if kind == list(shares)[-1] else int(files * share)
         counts[kind] = n
         for i in range(n):
-            folder_no, name_no = divmod(i, PER_FOLDER)
+            folder_no, name_no = divmod(i, per_folder)
             node = f"hostile-{i}"
             if kind in ("rollouts", "rewards"):
                 folder = root / kind / f"round_{folder_no}" / "stage_0"
@@ -263,7 +270,8 @@ def render(result: dict[str, Any]) -> str:
         f"# Readers at scale ({PART}, issue #30 class 6)",
         "",
         f"A real experiment (`swarm-gdrive demo --workload synthetic`, {WORKERS} workers, {ROUNDS} rounds, "
-        f"J = {TRANSPLANTS}) with {result['settings']['files']} planted peer files "
+        f"J = {TRANSPLANTS}) with {result['settings']['files']} planted peer files, layout "
+        f"`{result['settings']['layout']}` "
         f"({', '.join(f'{k} {v}' for k, v in planted.items() if k != 'junk_bytes')}) and "
         f"{planted['junk_bytes'] / 2**30:.2f} GiB of junk; each reader a process of its own; the dashboard from "
         "its start to the end of its first `GET /` (exit column: the HTTP status). "
@@ -280,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench readers", description=__doc__)
     parser.add_argument("--files", type=int, default=50_000, help="peer files to plant (default 50,000)")
     parser.add_argument("--junk-gib", type=float, default=1.0, help="GiB of junk to plant (default 1)")
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="spread", help="where the files go (spread)")
     parser.add_argument("--before", type=Path, help="a checkout of older code, measured on the same folder")
     parser.add_argument("--folder", type=Path, help="work folder (default: a temporary one, removed after)")
     parser.add_argument("--reuse", action="store_true", help="--folder already holds the planted experiment")
@@ -300,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
             started = time.monotonic()
             build_experiment(shared, env)
-            planted = plant(shared / "experiments" / EXPERIMENT, args.files, int(args.junk_gib * 2**30))
+            planted = plant(shared / "experiments" / EXPERIMENT, args.files, int(args.junk_gib * 2**30), args.layout)
             (work / "planted.json").write_text(json.dumps(planted))
             print(f"== built and planted in {time.monotonic() - started:.0f} s: {planted}", file=sys.stderr)
         trees = {"this tree": ROOT} | ({f"before ({args.before})": args.before.resolve()} if args.before else {})
@@ -316,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {
             "files": args.files,
             "junk_gib": args.junk_gib,
+            "layout": args.layout,
             "timeout_s": args.timeout,
             "rounds": ROUNDS,
             "workers": WORKERS,
@@ -333,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, one in r.items():
             if one.get("exit") not in (0, None) and name != "validate":
                 print(f"{label} {name} exited {one.get('exit')}:\n{one.get('tail', '')}", file=sys.stderr)
-    path = write_result(PART, args.tag or machine_tag("cpu"), result, render(result), args.out_dir)
+    tag = args.tag or machine_tag("cpu") + ("" if args.layout == "spread" else f"-{args.layout}")
+    path = write_result(PART, tag, result, render(result), args.out_dir)
     print(render(result))
     print(f"wrote {path}", file=sys.stderr)
     return 0
