@@ -54,10 +54,10 @@ ROUNDS_SHOWN = 20
 #: Rounds x stages the missing-reward finding walks at most per worker.
 MAX_CELLS_CHECKED = 1_000_000
 #: Node files the monitor examines at most in one folder (the peers folder, a round's stage of rewards or rollouts,
-#: an eval round): four times the largest swarm measured (bench part 1: 128 workers). A participant of the folder
+#: an eval round, logs/): twice the largest swarm measured (bench part 1: 128 workers). A participant of the folder
 #: can plant any number of files; beyond this the rest are counted, not read (the ``unreadable`` finding says so),
 #: so that a reader's time is bounded by the rounds and stages it shows, not by what was planted.
-MAX_FILES_PER_FOLDER = 512
+MAX_FILES_PER_FOLDER = 256
 
 STATE_COLUMNS = [
     "experiment",
