@@ -247,9 +247,9 @@ def measure_tree(tree: Path, folder: Path, timeout: float, out_dir: Path) -> dic
 
 
 def _cell(result: dict[str, Any], key: str, timeout: float) -> str:
-    if result.get("timed_out"):
-        return f"> {timeout:g} (stopped)"
     value = result.get(key)
+    if result.get("timed_out"):  # stopped at the timeout: its time and its peak so far are lower bounds
+        return f"> {timeout:g} (stopped)" if key == "seconds" else "—" if value is None else f"≥ {value:.0f}"
     return "—" if value is None else f"{value:.3g}"
 
 
