@@ -4,7 +4,8 @@ Parts: coordination, generation, training, learning, study (SAPO, replicated swa
 (training-setting sweep), precision (PRECISION against fp32), memory (the memory estimate against measured
 peaks, and a round's time), demo (the demo's profile, phase by phase), drive_budget (a worker's Drive writes in
 an hour), rounds (ROUND_MODE sync against async: idle, fill, staleness, requests), modes (learning in the two
-round modes, paired by seed); ``all`` runs coordination, generation and
+round modes, paired by seed), readers (status, validate, report and the dashboard on 50,000 planted peer
+files and 1 GiB of junk); ``all`` runs coordination, generation and
 training with their defaults. Each part writes ``bench/results/<part>_<machine>.json`` and ``.md``.
 ``python -m bench <part> --help`` lists a part's options.
 """
@@ -28,6 +29,7 @@ PARTS = {
     "drive_budget": "bench.drive_budget",
     "rounds": "bench.rounds",
     "modes": "bench.modes",
+    "readers": "bench.readers",
 }
 ALL = ("coordination", "generation", "training")
 

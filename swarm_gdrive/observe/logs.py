@@ -21,6 +21,7 @@ from swarm_gdrive.names import validate_name
 from swarm_gdrive.protocol.exchange import A_FOLDER, NOT_A_FOLDER, Exchange, os_reason
 from swarm_gdrive.protocol.layout import Layout
 from swarm_gdrive.protocol.records import EventRecord, MetricRecord, iter_lines
+from swarm_gdrive.storage import FileInfo
 from swarm_gdrive.storage.base import StorageUnavailableError
 
 #: Read cap for one JSONL log file.
@@ -154,15 +155,21 @@ def external_rows(node: str, rec: EventRecord) -> list[dict] | None:
     ]
 
 
-def load_logs(exchange: Exchange, problems: list[str]) -> Logs:
+def load_logs(
+    exchange: Exchange,
+    problems: list[str],
+    pick: Callable[[str, dict[str, FileInfo]], dict[str, FileInfo]] | None = None,
+) -> Logs:
     """The event and metric tables, the external groups taken and each node's log files, from every
-    ``logs/{node}/`` folder; what cannot be read is appended to ``problems``."""
+    ``logs/{node}/`` folder (``pick``: which of them, by node, a reader with bounds reads; None: all); what cannot be
+    read is appended to ``problems``."""
     layout = exchange.layout
     events: dict[str, list] = {c: [] for c in EVENT_COLUMNS}
     externals: list[dict] = []
     table = MetricTable()
     present_by_node: dict[str, set[str]] = {}
     logs = f"{layout.root}/logs"
+    folders: dict[str, FileInfo] = {}
     for info in exchange.entries(logs):
         try:
             node = validate_name(info.name)
@@ -171,6 +178,8 @@ def load_logs(exchange: Exchange, problems: list[str]) -> Logs:
         if not info.is_dir:
             problems.append(f"{logs}/{info.name}: {NOT_A_FOLDER}")
             continue
+        folders[node] = info
+    for node in folders if pick is None else pick(logs, folders):
         present = _present(exchange, layout, node, problems)
         present_by_node[node] = present
         for rec in _records(exchange, layout.events_file(node), EventRecord, present, problems):

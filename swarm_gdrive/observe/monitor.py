@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -31,7 +32,7 @@ from swarm_gdrive.observe.logs import (
 )
 from swarm_gdrive.protocol.exchange import NOT_A_FOLDER, Exchange, RunChangedError
 from swarm_gdrive.protocol.layout import Layout, parse_round_dir, parse_stage_dir
-from swarm_gdrive.storage import Storage
+from swarm_gdrive.storage import FileInfo, Storage
 from swarm_gdrive.storage.base import StorageUnavailableError, escaped_name
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,11 @@ TOP_FOLDERS = ("state", "peers", "rewards", "rollouts", "evals", "logs", "checkp
 ROUNDS_SHOWN = 20
 #: Rounds x stages the missing-reward finding walks at most per worker.
 MAX_CELLS_CHECKED = 1_000_000
+#: Node files the monitor examines at most in one folder (the peers folder, a round's stage of rewards or rollouts,
+#: an eval round, logs/): twice the largest swarm measured (bench part 1: 128 workers). A participant of the folder
+#: can plant any number of files; beyond this the rest are counted, not read (the ``unreadable`` finding says so),
+#: so that a reader's time is bounded by the rounds and stages it shows, not by what was planted.
+MAX_FILES_PER_FOLDER = 256
 
 STATE_COLUMNS = [
     "experiment",
@@ -150,6 +156,59 @@ class Finding:
     message: str
 
 
+@dataclass
+class Bounds:
+    """What the monitor examines of folders a participant may have flooded (GDRIVE_IMPLEMENTATION.md's threat
+    model: anyone who can write the folder can plant files in it).
+
+    Round folders past the state's ``max_rounds`` (evals: the model after R rounds, so up to ``max_rounds``) and
+    stage folders past its ``num_stages`` hold nothing a node of this run writes: they are counted, not read. In a
+    folder with more than ``per_folder`` node files (logs/: node folders), those of ``first`` (the state's live
+    workers and coordinator, the registered peers) are examined before the others, in name order, up to
+    ``per_folder``; the rest are counted. Every such count is a problem of the snapshot (the ``unreadable``
+    finding). On the folder of a normal experiment nothing is left out.
+    """
+
+    max_rounds: int | None = None
+    num_stages: int | None = None
+    first: set[str] = field(default_factory=set)
+    per_folder: int = field(default_factory=lambda: MAX_FILES_PER_FOLDER)
+    problems: list[str] = field(default_factory=list)
+
+    def rounds(self, exchange: Exchange, folder: str, slack: int = 0) -> list[tuple[str, int]]:
+        """``(folder name, round)`` of ``folder``'s round folders up to ``max_rounds`` - 1 + ``slack``."""
+        return self._numbered(exchange, folder, parse_round_dir, self.max_rounds, slack, "round", "max_rounds")
+
+    def stages(self, exchange: Exchange, folder: str) -> list[tuple[str, int]]:
+        """``(folder name, stage)`` of ``folder``'s stage folders below ``num_stages``."""
+        return self._numbered(exchange, folder, parse_stage_dir, self.num_stages, 0, "stage", "num_stages")
+
+    def _numbered(self, exchange, folder, parse, limit, slack, what, setting) -> list[tuple[str, int]]:
+        found = [(info.name, number) for info, number in exchange.numbered_folders(folder, parse)]
+        if limit is None:
+            return found
+        kept = [(name, number) for name, number in found if number < limit + slack]
+        if len(kept) < len(found):
+            past = sorted(number for _, number in found if number >= limit + slack)
+            self.problems.append(
+                f"{folder}: {len(past)} {what} folder(s) past the state's {setting} ({limit}) not examined "
+                f"({what}s {_ranges(past)}): no node of this run writes there"
+            )
+        return kept
+
+    def pick(self, folder: str, entries: dict[str, FileInfo]) -> dict[str, FileInfo]:
+        """At most ``per_folder`` of ``entries`` (by node id), those of ``first`` first; the rest counted."""
+        if len(entries) <= self.per_folder:
+            return entries
+        order = sorted(entries, key=lambda node: (node not in self.first, node))
+        self.problems.append(
+            f"{folder}: {len(entries) - self.per_folder} more file(s) not examined: the monitor reads at most "
+            f"{self.per_folder} nodes' files (or log folders) of a folder (MAX_FILES_PER_FOLDER), the known nodes' "
+            "first; that many were written by something other than this run's nodes"
+        )
+        return {node: entries[node] for node in order[: self.per_folder]}
+
+
 def load(storage: Storage, experiment: str, now: float | None = None, liveness_timeout: float = LIVENESS) -> Snapshot:
     """Read the experiment folder into DataFrames.
 
@@ -177,6 +236,13 @@ def load(storage: Storage, experiment: str, now: float | None = None, liveness_t
     if state is not None and exchange.run_id is None:
         exchange.run_id = state.run_id
     state_df = pd.DataFrame([state.model_dump(include=set(STATE_COLUMNS))] if state else [], columns=STATE_COLUMNS)
+    bounds = Bounds(problems=problems)
+    if state is not None:
+        bounds.max_rounds, bounds.num_stages = state.max_rounds, state.num_stages
+        bounds.first = {*state.live_workers, state.coordinator_id}
+    peer_entries = bounds.pick(layout.peers_dir, exchange.peer_files())
+    observed_peers = exchange.read_peer_files(peer_entries)
+    bounds.first |= {node for node, observed in observed_peers.items() if observed.record is not None}
     peers = pd.DataFrame(
         [
             {
@@ -189,15 +255,15 @@ def load(storage: Storage, experiment: str, now: float | None = None, liveness_t
                 "registered_at": rec.registered_at,
                 "alive": rec.status == "alive" and now - rec.heartbeat_at <= liveness_timeout,
             }
-            for node, observed in sorted(exchange.read_peers().items())
+            for node, observed in sorted(observed_peers.items())
             if (rec := observed.record) is not None
         ],
         columns=PEER_COLUMNS,
     )
-    rewards = _sorted(pd.DataFrame(reward_rows(exchange), columns=REWARD_COLUMNS), ["node", "round", "stage"])
-    rollouts = _sorted(pd.DataFrame(_rollout_rows(exchange), columns=ROLLOUT_COLUMNS), ROLLOUT_COLUMNS)
-    evals = pd.DataFrame(eval_rows(exchange), columns=EVAL_COLUMNS)
-    logs = load_logs(exchange, problems)
+    rewards = _sorted(pd.DataFrame(reward_rows(exchange, bounds), columns=REWARD_COLUMNS), ["node", "round", "stage"])
+    rollouts = _sorted(pd.DataFrame(_rollout_rows(exchange, bounds), columns=ROLLOUT_COLUMNS), ROLLOUT_COLUMNS)
+    evals = pd.DataFrame(eval_rows(exchange, bounds), columns=EVAL_COLUMNS)
+    logs = load_logs(exchange, problems, bounds.pick)  # at most per_folder nodes' log folders
     return Snapshot(
         experiment=experiment,
         now=now,
@@ -226,12 +292,16 @@ def _layout_problems(exchange: Exchange) -> list[str]:
     ]
 
 
-def reward_rows(exchange: Exchange) -> list[dict]:
-    """One row per valid reward file: node, round, stage, reward, local and external groups, J asked."""
+def reward_rows(exchange: Exchange, bounds: Bounds | None = None) -> list[dict]:
+    """One row per valid reward file: node, round, stage, reward, local and external groups, J asked; within
+    ``bounds`` (None: every file)."""
     layout, rows = exchange.layout, []
-    for round_info, round_ in exchange.numbered_folders(layout.rewards_dir, parse_round_dir):
-        for _, stage in exchange.numbered_folders(f"{layout.rewards_dir}/{round_info.name}", parse_stage_dir):
-            for node, rec in exchange.read_rewards(round_, stage).items():
+    bounds = Bounds(per_folder=sys.maxsize) if bounds is None else bounds
+    for round_name, round_ in bounds.rounds(exchange, layout.rewards_dir):
+        for _, stage in bounds.stages(exchange, f"{layout.rewards_dir}/{round_name}"):
+            folder = layout.rewards_stage_dir(round_, stage)
+            entries = bounds.pick(folder, exchange.node_entries(folder))
+            for node, rec in exchange.read_rewards(round_, stage, entries=entries).items():
                 rows.append(
                     {
                         "node": node,
@@ -246,8 +316,9 @@ def reward_rows(exchange: Exchange) -> list[dict]:
     return rows
 
 
-def eval_rows(exchange: Exchange) -> list[dict]:
-    """One row per (eval record, task, level): node, round, task, level, n, each accuracy and its standard error.
+def eval_rows(exchange: Exchange, bounds: Bounds | None = None) -> list[dict]:
+    """One row per (eval record, task, level): node, round, task, level, n, each accuracy and its standard error;
+    within ``bounds`` (None: every file; evals/round_R is the model after R rounds, so up to ``max_rounds``).
 
     A record written before the SE fields existed gets pass1's and pass_k's from the binomial
     sqrt(p (1 - p) / n), which is what a newer worker writes for them; mean_score's stays empty.
@@ -267,9 +338,19 @@ def eval_rows(exchange: Exchange) -> list[dict]:
             "pass_k": r.pass_k,
             "pass_k_se": r.pass_k_se if r.pass_k_se is not None or r.pass_k is None else binomial_se(r.pass_k, r.n),
         }
-        for rec in exchange.read_evals()
+        for rec in _eval_records(exchange, bounds)
         for r in rec.results
     ]
+
+
+def _eval_records(exchange: Exchange, bounds: Bounds | None):
+    if bounds is None:
+        return exchange.read_evals()
+    records = []
+    for round_name, round_ in bounds.rounds(exchange, exchange.layout.evals_dir, slack=1):
+        folder = f"{exchange.layout.evals_dir}/{round_name}"
+        records += exchange.read_eval_folder(folder, round_, bounds.pick(folder, exchange.node_entries(folder)))
+    return records
 
 
 def binomial_se(p: float, n: int) -> float:
@@ -281,20 +362,21 @@ def _sorted(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return df.sort_values(by).reset_index(drop=True) if not df.empty else df
 
 
-def _rollout_rows(exchange: Exchange) -> list[dict]:
+def _rollout_rows(exchange: Exchange, bounds: Bounds) -> list[dict]:
+    """One row per valid rollout batch (its groups counted, its size from the listing), within ``bounds``."""
     layout, rows = exchange.layout, []
-    for _, round_ in exchange.numbered_folders(layout.rollouts_dir, parse_round_dir):
-        for _, stage in exchange.numbered_folders(layout.rollouts_round_dir(round_), parse_stage_dir):
+    for _, round_ in bounds.rounds(exchange, layout.rollouts_dir):
+        for _, stage in bounds.stages(exchange, layout.rollouts_round_dir(round_)):
             folder = layout.rollouts_stage_dir(round_, stage)
-            sizes = {info.name: info.size for info in exchange.entries(folder)}
-            for node, batch in exchange.read_rollouts(round_, stage, exclude_self=False).items():
+            entries = bounds.pick(folder, exchange.rollout_entries(round_, stage))  # one listing: sizes too
+            for node, batch in exchange.read_rollouts(round_, stage, exclude_self=False, listed=entries).items():
                 rows.append(
                     {
                         "round": round_,
                         "stage": stage,
                         "node": node,
                         "groups": len(batch.groups),
-                        "bytes": sizes.get(f"{node}.json", 0),
+                        "bytes": entries[node].size,
                     }
                 )
     return rows
@@ -382,8 +464,9 @@ def worker_progress(snapshot: Snapshot) -> pd.DataFrame:
     own_round = dict(zip(peers["node"], peers["round"], strict=True))
     nodes = sorted(set(own_round) | (set(rewards["node"]) if not rewards.empty else set()))
     rows = []
+    by_node = dict(iter(rewards.groupby("node"))) if not rewards.empty else {}  # grouped once, not filtered per node
     for node in nodes:
-        own = rewards[rewards["node"] == node] if not rewards.empty else rewards
+        own = by_node.get(node, rewards.iloc[:0])
         stages_of = own.groupby("round")["stage"].nunique() if not own.empty else pd.Series(dtype=int)
         played = int((stages_of >= stages).sum())
         done = (
@@ -738,9 +821,14 @@ def status_table(snapshot: Snapshot) -> str:
         done = dict(zip(progress["node"], progress["done"], strict=True))
     lines = [header]
     rewards = snapshot.rewards
+    # Each worker's mean reward per round, grouped once (a filter per worker is quadratic in a flooded folder).
+    by_node = (
+        {node: rows.groupby("round")["reward"].mean().sort_index() for node, rows in rewards.groupby("node")}
+        if not rewards.empty
+        else {}
+    )
     for peer in snapshot.peers[snapshot.peers["role"] == "worker"].itertuples(index=False):
-        own = rewards[rewards["node"] == peer.node] if not rewards.empty else rewards
-        per_round = own.groupby("round")["reward"].mean().sort_index() if not own.empty else pd.Series(dtype=float)
+        per_round = by_node.get(peer.node, pd.Series(dtype=float))
         last5 = f"{per_round.tail(5).mean():.3f}" if len(per_round) else "-"
         round_ = "-" if pd.isna(peer.round) else str(int(peer.round))
         line = [peer.node, peer.status, "yes" if peer.alive else "no", f"{snapshot.now - peer.heartbeat_at:.0f} s ago"]

@@ -28,6 +28,8 @@ FIGSIZE = (8.0, 4.5)
 ROLLING = 5
 #: Task panels of the held-out figure at most (the most evaluated tasks; reasoning-gym mixes use about ten).
 EVAL_TASKS_SHOWN = 12
+#: Entries of a figure's legend at most (a folder may hold the files of hundreds of nodes, some planted).
+LEGEND_ENTRIES = 24
 
 
 def _title(name: str, is_async: bool = False) -> str:
@@ -54,7 +56,13 @@ def _finish(ax: Axes, title: str, xlabel: str, ylabel: str, legend_title: str | 
     if xlabel.startswith("round") or xlabel.startswith("evaluated"):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
+    handles, labels = ax.get_legend_handles_labels()
+    if len(handles) > LEGEND_ENTRIES:  # drawing and laying out hundreds of entries takes seconds a figure
+        more = len(handles) - LEGEND_ENTRIES
+        title = f"{legend_title or ''} (first {LEGEND_ENTRIES}; {more} more not listed)".strip()
+        # A fixed corner: "best" weighs every entry's box against every plotted point (seconds with hundreds).
+        ax.legend(handles[:LEGEND_ENTRIES], labels[:LEGEND_ENTRIES], title=title, fontsize="x-small", loc="upper left")
+    elif handles:
         ax.legend(title=legend_title, fontsize="small")
 
 

@@ -2,10 +2,11 @@
 the room the storage has left (Drive's quota, a file system's free space).
 
 One walk of the experiment folder's listings (sizes and modification times; nothing is downloaded), at most
-:data:`MAX_FOLDERS` folders. "Written in the last hour" counts the files whose modification time is within the hour
-before the monitor's clock and that are still there: what the experiment grew by in that hour, less nothing that was
-deleted since (a pruned checkpoint is gone from it; on a mounted Drive its bytes went to Drive's trash, which the
-storage line shows where the backend reports it). Read only, like every observer.
+:data:`MAX_FOLDERS` folders and :data:`MAX_ENTRIES` entries. "Written in the last hour" counts the files whose
+modification time is within the hour before the monitor's clock and that are still there: what the experiment grew
+by in that hour, less nothing that was deleted since (a pruned checkpoint is gone from it; on a mounted Drive its
+bytes went to Drive's trash, which the storage line shows where the backend reports it). Read only, like every
+observer.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ logger = logging.getLogger(__name__)
 
 #: Folders listed at most for one measure (a listing each; Drive: a request each): beyond, the size is a lower bound.
 MAX_FOLDERS = 2000
+#: Entries (files and folders) counted at most for one measure: a participant may plant any number of files, and a
+#: reader's first answer should not wait for all of them; beyond, the size is a lower bound (``at least``).
+MAX_ENTRIES = 20_000
 #: The window of "written in the last hour", seconds.
 HOUR = 3600.0
 #: The room left is warned about below this many of the experiment's largest checkpoints (a worker stops before a
@@ -48,7 +52,8 @@ class FolderUsage:
     last_hour: int = 0
     #: The largest ``checkpoints/{node}/round_{R}`` folder, bytes (0: none).
     largest_checkpoint: int = 0
-    #: False when the walk stopped at :data:`MAX_FOLDERS` or a listing failed: the figures are lower bounds.
+    #: False when the walk stopped at :data:`MAX_FOLDERS` or :data:`MAX_ENTRIES` or a listing failed: the figures
+    #: are lower bounds.
     complete: bool = True
     #: The storage's room (:func:`~swarm_gdrive.storage.base.free_space`); None where it cannot tell.
     space: Space | None = None
@@ -61,9 +66,9 @@ def measure(storage: Storage, experiment: str, now: float) -> FolderUsage:
     by_part: dict[str, int] = {}
     checkpoints: dict[str, int] = {}
     complete = True
-    todo, listed = [root], 0
+    todo, listed, seen = [root], 0, 0
     while todo:
-        if listed >= MAX_FOLDERS:
+        if listed >= MAX_FOLDERS or seen >= MAX_ENTRIES:
             complete = False
             break
         folder = todo.pop()
@@ -75,6 +80,7 @@ def measure(storage: Storage, experiment: str, now: float) -> FolderUsage:
             complete = False
             continue
         inner = folder[len(root) + 1 :].split("/") if folder != root else []
+        seen += len(entries)
         for info in entries:
             if info.is_dir:
                 todo.append(f"{folder}/{info.name}")

@@ -507,11 +507,19 @@ class Exchange:
         self._prefetched()
         self._write(self.layout.reward_file(record.round, record.stage, record.node_id), record)
 
-    def read_rewards(self, round_: int, stage: int, only: Collection[str] | None = None) -> dict[str, RewardRecord]:
-        """Valid reward submissions of a stage, by node id (of the nodes in ``only``, if given)."""
+    def read_rewards(
+        self,
+        round_: int,
+        stage: int,
+        only: Collection[str] | None = None,
+        entries: Mapping[str, FileInfo] | None = None,
+    ) -> dict[str, RewardRecord]:
+        """Valid reward submissions of a stage, by node id (of the nodes in ``only``, if given). ``entries``: the
+        stage folder's entries by node id from an earlier :meth:`node_entries` (not listed again)."""
         folder = self.layout.rewards_stage_dir(round_, stage)
         out: dict[str, RewardRecord] = {}
-        listed = [info for info, node_id in self._files(folder) if only is None or node_id in only]
+        pairs = self._files(folder) if entries is None else ((info, node) for node, info in entries.items())
+        listed = [info for info, node_id in pairs if only is None or node_id in only]
         records = self._read_listed(folder, listed, RewardRecord)  # only new or changed files are downloaded
         for info in listed:
             record = records[info.name]
@@ -531,10 +539,22 @@ class Exchange:
         out: list[EvalRecord] = []
         for round_info, round_ in self.numbered_folders(self.layout.evals_dir, parse_round_dir):
             folder = f"{self.layout.evals_dir}/{round_info.name}"
-            for info, _ in self._files(folder):
-                record = self._read_cached(folder, info, EvalRecord)
-                if record is not None and record.round == round_:
-                    out.append(record)
+            out += self.read_eval_folder(folder, round_, self.node_entries(folder))
+        return out
+
+    def node_entries(self, folder: str) -> dict[str, FileInfo]:
+        """The ``{node id}.json`` entries of ``folder`` by node id (one listing; such a name that is a folder is
+        rejected)."""
+        return {node_id: info for info, node_id in self._files(folder)}
+
+    def read_eval_folder(self, folder: str, round_: int, entries: Mapping[str, FileInfo]) -> list[EvalRecord]:
+        """The valid eval records of the listed ``entries`` of the round folder ``folder`` (a reader that bounds
+        what it reads picks the entries)."""
+        out: list[EvalRecord] = []
+        for info in entries.values():
+            record = self._read_cached(folder, info, EvalRecord)
+            if record is not None and record.round == round_:
+                out.append(record)
         return out
 
     # -- rollouts --------------------------------------------------------------------------
