@@ -769,13 +769,9 @@ class DriveStorage:
         """One download: a single request up to ``chunk_bytes``, else by ranges of ``chunk_bytes``, each
         retried alone, so a failure midway costs one range, not the file."""
         if size <= self.chunk_bytes:
-            # A range of at most max_bytes + 1: a file rewritten larger since it was listed is not downloaded whole.
-            data = (
-                self._media(file_id, 0, max_bytes + 1)
-                if size
-                else self._call(lambda: self.service.files().get_media(**_ALL_DRIVES, fileId=file_id))
-            )
-            return data if isinstance(data, bytes) else bytes(data)
+            # A range of at most max_bytes + 1, also for a file listed empty: one rewritten larger since it was
+            # listed is not downloaded whole (an empty file answers 416, read as no bytes).
+            return self._media(file_id, 0, max_bytes + 1)
         from googleapiclient.http import MediaIoBaseDownload
 
         request = self.service.files().get_media(**_ALL_DRIVES, fileId=file_id)

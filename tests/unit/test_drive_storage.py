@@ -410,3 +410,16 @@ def test_https_and_loopback_api_urls_may_carry_credentials(url: str) -> None:
     from swarm_gdrive.storage.drive import check_credentialed_url
 
     check_credentialed_url(url)  # no refusal
+
+
+def test_a_file_listed_empty_then_rewritten_large_is_not_downloaded_whole(emu):
+    """Issue 30 (sizes that lie): a reader whose listing says 0 bytes asks for at most max_bytes + 1 of them, so a
+    participant that rewrites its empty file to gigabytes after being listed costs a reader no more than the cap."""
+    writer, reader = storage_for(emu), storage_for(emu)
+    writer.write_bytes("p/peer.json", b"")
+    assert reader.read_bytes("p/peer.json", max_bytes=100) == b""  # listed, and its entry cached, at 0 bytes
+    writer.write_bytes("p/peer.json", b"x" * 50_000)
+    down = reader.counters["bytes_down"]
+    with pytest.raises(FileTooLargeError):
+        reader.read_bytes("p/peer.json", max_bytes=100)
+    assert reader.counters["bytes_down"] - down <= 101
