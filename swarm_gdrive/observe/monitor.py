@@ -164,8 +164,8 @@ class Bounds:
     Round folders past the state's ``max_rounds`` (evals: the model after R rounds, so up to ``max_rounds``) and
     stage folders past its ``num_stages`` hold nothing a node of this run writes: they are counted, not read. In a
     folder with more than ``per_folder`` node files (logs/: node folders), those of ``first`` (the state's live
-    workers and coordinator, the registered peers) are examined before the others, in name order, up to
-    ``per_folder``; the rest are counted. Every such count is a problem of the snapshot (the ``unreadable``
+    workers and coordinator, the registered peers) are all examined, the others in name order only up to
+    ``per_folder`` in all; the rest are counted. Every such count is a problem of the snapshot (the ``unreadable``
     finding). On the folder of a normal experiment nothing is left out.
     """
 
@@ -197,16 +197,21 @@ class Bounds:
         return kept
 
     def pick(self, folder: str, entries: dict[str, FileInfo]) -> dict[str, FileInfo]:
-        """At most ``per_folder`` of ``entries`` (by node id), those of ``first`` first; the rest counted."""
+        """Every entry of a node of ``first`` (the run's known nodes: as many as the state and the peers folder name,
+        so a swarm of any size is read whole), and of the others at most what ``per_folder`` leaves; the rest
+        counted."""
         if len(entries) <= self.per_folder:
             return entries
-        order = sorted(entries, key=lambda node: (node not in self.first, node))
-        self.problems.append(
-            f"{folder}: {len(entries) - self.per_folder} more file(s) not examined: the monitor reads at most "
-            f"{self.per_folder} nodes' files (or log folders) of a folder (MAX_FILES_PER_FOLDER), the known nodes' "
-            "first; that many were written by something other than this run's nodes"
-        )
-        return {node: entries[node] for node in order[: self.per_folder]}
+        known = [node for node in entries if node in self.first]
+        others = sorted(node for node in entries if node not in self.first)
+        room = max(0, self.per_folder - len(known))
+        if len(others) > room:
+            self.problems.append(
+                f"{folder}: {len(others) - room} more file(s) not examined: the monitor reads the run's known nodes' "
+                f"files (or log folders) and at most {self.per_folder} in all of a folder (MAX_FILES_PER_FOLDER); "
+                "those were written by something other than this run's nodes"
+            )
+        return {node: entries[node] for node in sorted(known) + others[:room]}
 
 
 def load(storage: Storage, experiment: str, now: float | None = None, liveness_timeout: float = LIVENESS) -> Snapshot:

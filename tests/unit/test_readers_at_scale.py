@@ -122,3 +122,22 @@ def test_the_size_walk_stops_at_its_entry_budget_and_says_its_figures_are_lower_
     assert not measured.complete and "at least" in usage.describe(measured)
     monkeypatch.setattr(usage, "MAX_ENTRIES", 10**9, raising=False)
     assert usage.measure(LocalStorage(flooded), EXPERIMENT, now=0.0).complete
+
+
+def test_a_swarm_larger_than_the_cap_is_read_whole_and_only_unknown_names_are_capped():
+    """Review of issue 30 class 6: with 300 known workers the cap of 256 left 45 real workers out of status and the
+    dashboard; the known nodes are now all read, and only names no state or peer record gives are capped."""
+    from swarm_gdrive.observe.monitor import Bounds
+    from swarm_gdrive.storage import FileInfo
+
+    known = {f"worker-{i:03d}" for i in range(300)} | {"zz-coordinator"}
+    planted = {f"planted-{i:04d}" for i in range(1000)}
+    entries = {node: FileInfo(name=f"{node}.json", is_dir=False, size=10, mtime=0.0) for node in known | planted}
+    bounds = Bounds(first=known, per_folder=256)
+    picked = bounds.pick("peers", entries)
+    assert known <= set(picked)
+    assert not set(picked) & planted
+    assert bounds.problems and "1000 more file(s) not examined" in bounds.problems[0]
+    few = Bounds(first={"w1", "w2"}, per_folder=4)
+    picked = few.pick("peers", {n: entries.get(n) or entries["worker-000"] for n in ["w1", "w2", "a", "b", "c"]})
+    assert set(picked) == {"w1", "w2", "a", "b"} and "1 more file(s)" in few.problems[0]
