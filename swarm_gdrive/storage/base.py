@@ -219,6 +219,21 @@ def read_chunks(storage: Storage, path: str, max_bytes: int, chunk_bytes: int = 
         yield from stream(path, max_bytes, chunk_bytes)
 
 
+def capped_chunks(read: Callable[[int, int], bytes], path: str, max_bytes: int, chunk_bytes: int) -> Iterator[bytes]:
+    """The chunks ``read(offset, length)`` gives from offset 0 until an empty one, each at most ``chunk_bytes``:
+    a backend's ``read_chunks`` once it checked the size. However the file changes meanwhile, at most
+    ``max_bytes + 1`` bytes are read, and over ``max_bytes`` is FileTooLargeError."""
+    offset = 0
+    while offset <= max_bytes:
+        chunk = read(offset, min(chunk_bytes, max_bytes + 1 - offset))
+        if not chunk:
+            return
+        offset += len(chunk)
+        if offset > max_bytes:
+            raise FileTooLargeError(path, offset, max_bytes)
+        yield chunk
+
+
 @dataclass(frozen=True)
 class Space:
     """Room left for writes where a backend can tell (its ``free_space()``): bytes free (None: no limit known),

@@ -57,6 +57,7 @@ from swarm_gdrive.storage.base import (
     NotRegularFileError,
     StorageError,
     StorageUnavailableError,
+    capped_chunks,
     hard_link_kind,
     is_temporary,
     listable_name,
@@ -348,16 +349,9 @@ class FsspecStorage:
         read) FileTooLargeError, after at most ``max_bytes + 1`` bytes."""
         full = self._full(path)
         self._retry(self._check_readable, full, max_bytes, path)
-        offset = 0
-        while offset <= max_bytes:
-            end = offset + min(chunk_bytes, max_bytes + 1 - offset)
-            chunk = self._retry(self._range, full, offset, end)
-            if not chunk:
-                return
-            offset += len(chunk)
-            if offset > max_bytes:
-                raise FileTooLargeError(path, offset, max_bytes)
-            yield chunk
+        yield from capped_chunks(
+            lambda offset, length: self._retry(self._range, full, offset, offset + length), path, max_bytes, chunk_bytes
+        )
 
     def _check_readable(self, full: str, max_bytes: int, rel: str) -> None:
         self._invalidate(full)

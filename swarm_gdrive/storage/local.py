@@ -39,6 +39,7 @@ from swarm_gdrive.storage.base import (
     Space,
     StorageError,
     StorageUnavailableError,
+    capped_chunks,
     hard_link_kind,
     is_temporary,
     listable_name,
@@ -178,15 +179,9 @@ class LocalStorage:
         or one whose mount reports a size it does not have) FileTooLargeError, after at most ``max_bytes + 1``."""
         fd = self._retry(self._open_regular, self._path(path), max_bytes, path)
         try:
-            offset = 0
-            while offset <= max_bytes:
-                chunk = self._retry(os.pread, fd, min(chunk_bytes, max_bytes + 1 - offset), offset)
-                if not chunk:
-                    return
-                offset += len(chunk)
-                if offset > max_bytes:
-                    raise FileTooLargeError(path, offset, max_bytes)
-                yield chunk
+            yield from capped_chunks(
+                lambda offset, length: self._retry(os.pread, fd, length, offset), path, max_bytes, chunk_bytes
+            )
         finally:
             os.close(fd)
 
