@@ -290,7 +290,9 @@ def hard_link(scene: Scene) -> Planted:
     from test_fault_links import plant_hard_link
 
     where = _pick(scene, ["metrics", "events"])
-    node = scene.rng.choice(["coord", scene.spare])  # never the node the trial kills: it appends until the end
+    # The spare worker, never the node the trial kills: the restart check reads the victim's own events, and the
+    # link's bytes, not the node's, are what is at the path until the node replaces it.
+    node = scene.spare
     rel = LAYOUT.metrics_file(node) if where == "metrics" else LAYOUT.events_file(node)
     plant_hard_link(scene.folder, rel, scene.outside / "sentinel.txt")
     return Planted(f"hard_link {where} of {node}", {rel}, tainted_logs={node})
