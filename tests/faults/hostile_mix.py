@@ -34,6 +34,7 @@ class Planted:
     what: str
     paths: set[str] = field(default_factory=set)  # hostile paths under the shared folder (files, folders, links)
     forged_states: set[tuple[int, int, str]] = field(default_factory=set)  # (round, seq, run_id) the watcher ignores
+    forged_runs: set[str] = field(default_factory=set)  # run ids of forged states, whatever their round and seq
     tainted_logs: set[str] = field(default_factory=set)  # nodes whose log files the planter replaced
     twin: object | None = None  # a second process with a running node's NODE_ID
     twin_of: str | None = None
@@ -279,6 +280,64 @@ def twin(scene: Scene) -> Planted:
     return Planted(f"twin of {scene.spare}", twin=proc, twin_of=scene.spare)
 
 
+# -- the classes of issue 30 (their planting functions are the class tests'; imported here when planted) -----
+
+
+def hard_link(scene: Scene) -> Planted:
+    """A hard link where a live node appends its JSONL log (metrics or training events), to a file outside
+    GDRIVE_PATH: the trial's own ``outside/sentinel.txt``, whose bytes the trial checks at its end. The node must
+    write by replacing the link (or refuse), never append through it (issue 30, class 1)."""
+    from test_fault_links import plant_hard_link
+
+    where = _pick(scene, ["metrics", "events"])
+    # The spare worker, never the node the trial kills: the restart check reads the victim's own events, and the
+    # link's bytes, not the node's, are what is at the path until the node replaces it.
+    node = scene.spare
+    rel = LAYOUT.metrics_file(node) if where == "metrics" else LAYOUT.events_file(node)
+    plant_hard_link(scene.folder, rel, scene.outside / "sentinel.txt")
+    return Planted(f"hard_link {where} of {node}", {rel}, tainted_logs={node})
+
+
+def names_not_utf8(scene: Scene) -> Planted:
+    """Folders and files whose names are not UTF-8 beside the experiment and where every reader lists inside it
+    (peers, rewards, rollouts, evals, state, logs): no node, reader or command may fail for them (class 5)."""
+    from test_fault_utf8 import plant_names_not_utf8
+
+    planted = plant_names_not_utf8(scene.folder, LAYOUT.experiment)
+    return Planted(f"names_not_utf8 {len(planted)} names", {os.fsdecode(rel) for rel in planted})
+
+
+def forged_run(scene: Scene) -> Planted:
+    """experiment.json and the state rewritten with another run id, in the real coordinator's name, again every
+    0.5 s for 1 to 4 s: no worker may exit for it, and the run must go on under its own run id (class 3). Every
+    state of the forged run id is a forgery (the watcher's monotonic check leaves them out)."""
+    from test_fault_rivals import FORGED_RUN, plant_forged_run
+
+    seconds = scene.rng.uniform(1.0, 4.0)
+    times = plant_forged_run(scene.folder, seconds)
+    paths = {LAYOUT.experiment_file, LAYOUT.state_file}
+    return Planted(f"forged_run {times} plants over {seconds:.1f} s", paths, forged_runs={FORGED_RUN})
+
+
+def rival_coordinator(scene: Scene) -> Planted:
+    """A second coordinator (another NODE_ID, another machine) started with RESET_EXPERIMENT=true while the
+    first runs: it must refuse to start (exit code 2) and change nothing (class 3). The trial judges its exit."""
+    proc = scene.swarm.start(
+        "rival",
+        node="coord2",
+        NODE_ROLE="coordinator",
+        ROUND_MODE=scene.swarm.round_mode,
+        RESET_EXPERIMENT="true",
+        SWARM_LOCAL_DIR=str(scene.tmp / "rival-local"),
+    )
+    return Planted("rival_coordinator coord2 with RESET_EXPERIMENT=true", twin=proc, twin_of="coord")
+
+
+# Issue 30's other classes are not planted here: a huge checkpoint (class 2) needs a worker that restores from its
+# checkpoints, and the synthetic workload is stateless (it saves and loads none; tests/faults/test_fault_sizes.py
+# plants it for the tiny model); a peer's completion trained on what was not scored (class 4) needs the grpo
+# workload (tests/faults/test_fault_scored.py); readers at scale (class 6) is a benchmark.
+
 CLASSES: dict[str, Callable[[Scene], Planted]] = {
     "classic": classic,
     "huge_int": huge_int,
@@ -289,6 +348,10 @@ CLASSES: dict[str, Callable[[Scene], Planted]] = {
     "bad_manifest": bad_manifest,
     "unregistered_flood": unregistered_flood,
     "twin": twin,
+    "hard_link": hard_link,
+    "names_not_utf8": names_not_utf8,
+    "forged_run": forged_run,
+    "rival_coordinator": rival_coordinator,
 }
 
 

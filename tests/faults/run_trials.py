@@ -15,10 +15,13 @@ folder and injects one fault chosen at random from the seed:
 - ``mixed``: a hostile file of a random class (tests/faults/hostile_mix.py: hostile.py's files, a huge integer,
   type confusion, symbolic links out of the folder, a forged state for under a second, names that collide by case
   or that Windows reserves, malformed checkpoint manifests, a flood of unregistered rollouts, a second process
-  with a running worker's NODE_ID) planted at a random moment, and a SIGKILL of a random node (coordinator or
-  worker) at another, restarted; then every node is started once more. Counted per trial: crashes (a node that
-  was not killed exiting 1, a reader raising), lost submissions, bytes written outside the folder, nodes unable
-  to restart (the restarted node, then every node once the run is over, must exit 0).
+  with a running worker's NODE_ID; issue 30's: a hard link out of the folder at a node's log, names that are not
+  UTF-8, a forged run in experiment.json and the state, a second coordinator with RESET_EXPERIMENT=true) planted
+  at a random moment, and a SIGKILL of a random node (coordinator or worker) at another, restarted; then every
+  node is started once more. Counted per trial: crashes (a node that was not killed exiting 1, a reader raising),
+  lost submissions, bytes written outside the folder, early exits (a worker exiting 0 without all its rounds),
+  nodes unable to restart (the restarted node, then every node once the run is over, must exit 0). ``--classes``
+  draws from some classes only (issue 30's: ``--classes hard_link,names_not_utf8,forged_run,rival_coordinator``).
 
 ``--round-mode async`` gives the coordinator ROUND_MODE=async (GDRIVE_IMPLEMENTATION.md §5.10): each worker plays
 its own rounds, a kill's round is the victim's own (any worker's for the coordinator), and the coordinator is
@@ -75,6 +78,8 @@ def mixed_trial(rng: random.Random, tmp: Path, classes: list[str], round_mode: s
             "error": traceback.format_exc()[-2000:],
         }
     error = "; ".join([*r.crashes, *r.unable_to_restart, *r.problems])[:4000]
+    if r.early_exits:
+        error = f"early exits: {r.early_exits}; {error}"
     if r.outside_bytes:
         error = f"{r.outside_bytes} bytes written outside the folder; {error}"
     planted = "not planted" not in r.planted  # a trial whose hostile file never landed proved nothing
@@ -91,6 +96,7 @@ def mixed_trial(rng: random.Random, tmp: Path, classes: list[str], round_mode: s
         "crashes": len(r.crashes),
         "lost": r.lost,
         "outside_bytes": r.outside_bytes,
+        "early_exits": len(r.early_exits),
         "unable_to_restart": len(r.unable_to_restart),
         "seconds": round(r.seconds, 1),
         **({"error": error} if not (r.ok and planted) else {}),
@@ -133,7 +139,7 @@ def one_trial(kind: str, rng: random.Random, tmp: Path, round_mode: str = "sync"
     return record
 
 
-COUNTS = ("lost", "crashes", "outside_bytes", "unable_to_restart")
+COUNTS = ("lost", "crashes", "outside_bytes", "early_exits", "unable_to_restart")
 
 
 def summarise(records: list[dict]) -> list[dict]:
@@ -151,8 +157,8 @@ def summarise(records: list[dict]) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    head = "| fault | trials | survived | submissions lost | crashes | bytes outside | unable to restart | mean s |"
-    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    head = "| fault | trials | survived | submissions lost | crashes | bytes outside | early exits | unable to restart "
+    lines = [head + "| mean s |", "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         counts = " | ".join(str(row[k]) for k in COUNTS)
         mean = row["seconds"] / row["trials"]
@@ -186,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--classes: unknown {sorted(set(classes) - set(CLASSES))}; use {', '.join(CLASSES)}")
     rng = random.Random(args.seed)
     records = []
+    progress = None
+    if args.out:  # each trial's record as it ends: a run stopped midway keeps what it ran
+        args.out.mkdir(parents=True, exist_ok=True)
+        progress = (args.out / "trials.jsonl").open("w")
     for kind in kinds:
         for i in range(args.trials):
             tmp = Path(tempfile.mkdtemp(prefix=f"fault-{kind}-{i}-"))
@@ -194,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 record = one_trial(kind, rng, tmp, args.round_mode)
             records.append(record)
+            if progress is not None:
+                progress.write(json.dumps(record) + "\n")
+                progress.flush()
             status = "ok  " if record["ok"] else "FAIL"
             detail = {k: v for k, v in record.items() if k not in ("fault", "ok", "error", "injected", *COUNTS)}
             print(f"{status} {kind} {i + 1}/{args.trials}: {record['fault']} {detail}", flush=True)
@@ -204,9 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarise(records)
     print()
     print(table(rows))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if progress is not None:
+        progress.close()
         summary = {"seed": args.seed, "round_mode": args.round_mode, "rows": rows}
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
         (args.out / "summary.md").write_text(table(rows) + "\n")

@@ -23,6 +23,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
         # events log replaced by a link out of the folder while it plays its rounds (the others never wait for it).
         ("forged_state", 7, "async"),
         ("symlink:events_file", 8, "async"),
+        # Issue 30: a hard link out of the folder at a node's log, names that are not UTF-8 where readers list, a
+        # second coordinator with RESET_EXPERIMENT=true beside the live one (it must exit 2).
+        ("hard_link:metrics", 9, "sync"),
+        ("hard_link:events", 10, "async"),
+        ("names_not_utf8", 11, "sync"),
+        ("rival_coordinator", 12, "sync"),
     ],
 )
 def test_a_hostile_class_at_a_random_moment_with_a_kill_costs_nothing(tmp_path, cls, seed, round_mode):
@@ -32,5 +38,6 @@ def test_a_hostile_class_at_a_random_moment_with_a_kill_costs_nothing(tmp_path, 
     assert not result.crashes, report
     assert result.lost == 0, report
     assert result.outside_bytes == 0, report
+    assert not result.early_exits, report
     assert not result.unable_to_restart, report
     assert not result.problems, report

@@ -246,13 +246,15 @@ class MixedResult:
     crashes: list[str] = field(default_factory=list)  # nodes that exited 1, readers that raised
     lost: int = 0  # submissions present at the kill and gone at the end, plus rounds a never-killed worker lacks
     outside_bytes: int = 0  # bytes written outside GDRIVE_PATH (through links planted inside it)
+    early_exits: list[str] = field(default_factory=list)  # workers that exited 0 with rounds of theirs not submitted
     unable_to_restart: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
-        return not (self.crashes or self.lost or self.outside_bytes or self.unable_to_restart or self.problems)
+        bad = self.crashes or self.lost or self.outside_bytes or self.early_exits
+        return not (bad or self.unable_to_restart or self.problems)
 
 
 class MixedWatcher(Watcher):
@@ -295,9 +297,11 @@ class MixedWatcher(Watcher):
         self.failures.extend((path, message) for message in self.torn[before:])
         del self.torn[before:]
 
-    def problems(self, hostile: set[str], forged: set[tuple[int, int, str]]) -> list[str]:
+    def problems(
+        self, hostile: set[str], forged: set[tuple[int, int, str]], forged_runs: frozenset[str] = frozenset()
+    ) -> list[str]:
         out = [f"a reader saw {path}: {msg}" for path, msg in self.failures if not _under(path, hostile)]
-        order = [(r, s) for r, s, run in self.state_log if (r, s, run) not in forged]
+        order = [(r, s) for r, s, run in self.state_log if (r, s, run) not in forged and run not in forged_runs]
         if order != sorted(order):
             out.append(f"the state went backwards: {self.state_log}")
         if not self.reads:
@@ -383,7 +387,7 @@ def run_mixed_trial(tmp: Path, cls: str, seed: int, sink=None, round_mode: str =
     planted = planter.planted or Planted(f"{cls} (not planted: {planter.error or 'the run ended first'})")
     result.planted = planted.what
     _judge_exits(result, codes, swarm, planted)
-    _judge(result, "files", lambda: _judge_files(result, folder, watcher, planted, victim, killed, round_mode))
+    _judge(result, "files", lambda: _judge_files(result, swarm, watcher, planted, victim, killed, round_mode))
     if killed is not None and not result.unable_to_restart:
         try:
             _check_restart(folder, victim, killed[1], killed[0], "random")
@@ -426,11 +430,8 @@ def _wait_for_round(swarm: Swarm, round_: int, round_mode: str = "sync") -> None
 
 def _judge_exits(result: MixedResult, codes: dict[str, int], swarm: Swarm, planted: Planted) -> None:
     for name, code in codes.items():
-        if name == "twin":
-            if code == 1:
-                result.crashes.append(f"twin of {planted.twin_of}: exit 1")
-            elif code not in (0, 2, 3):
-                result.problems.append(f"twin of {planted.twin_of}: exit {code}")
+        if name in ("twin", "rival"):
+            _judge_extra(result, name, code, planted)
         elif name.endswith("#2"):
             if code != 0:
                 result.unable_to_restart.append(f"{name}: exit {code}")
@@ -442,11 +443,22 @@ def _judge_exits(result: MixedResult, codes: dict[str, int], swarm: Swarm, plant
         result.problems.append(swarm.tails(12)[-5000:])
 
 
+def _judge_extra(result: MixedResult, name: str, code: int, planted: Planted) -> None:
+    """A planter's own process: a twin of a worker may exit 0, 2 or 3; a second coordinator beside the live one
+    must refuse to start (exit code 2). Exit code 1 is a crash for both."""
+    who = f"twin of {planted.twin_of}" if name == "twin" else "rival coordinator"
+    if code == 1:
+        result.crashes.append(f"{who}: exit 1")
+    elif code not in ((0, 2, 3) if name == "twin" else (2,)):
+        result.problems.append(f"{who}: exit {code}" + ("" if name == "twin" else ", not 2 (it did not refuse)"))
+
+
 def _judge_files(
-    result: MixedResult, folder: Path, watcher: MixedWatcher, planted: Planted, victim: str, killed, round_mode: str
+    result: MixedResult, swarm: Swarm, watcher: MixedWatcher, planted: Planted, victim: str, killed, round_mode: str
 ) -> None:
+    folder = swarm.folder
     hostile = planted.paths
-    result.problems += watcher.problems(hostile, planted.forged_states)
+    result.problems += watcher.problems(hostile, planted.forged_states, frozenset(planted.forged_runs))
     left = [p for p in leftovers(folder) if not _under(p, hostile)]
     if left:
         result.problems.append(f"temporaries left behind: {left}")
@@ -456,7 +468,12 @@ def _judge_files(
         after = _rewards(folder, w)
         result.lost += sum(1 for r, run in before.get(w, {}).items() if after.get(r) != run)
         skipped = skipped_rounds(folder, w) if w == victim and w not in planted.tainted_logs else set()
-        result.lost += sum(1 for r in range(ROUNDS) if r not in skipped and r not in after)
+        missing = [r for r in range(ROUNDS) if r not in skipped and r not in after]
+        result.lost += len(missing)
+        if missing:  # a worker that exited 0 without them stopped early (a forged "finished", a forged run)
+            for proc in swarm.procs:
+                if proc.name in (w, f"{w}#2") and proc.returncode == 0:
+                    result.early_exits.append(f"{proc.name}: exit 0 without rounds {missing}")
     for node in ["coord", *WORKERS]:
         if node in planted.tainted_logs:
             continue

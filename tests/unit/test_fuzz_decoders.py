@@ -467,3 +467,75 @@ def test_the_report_is_written_whatever_the_folder_holds(planted):
         files = write_report(LocalStorage(root), EXPERIMENT, Path(tmp) / "report")
         page = (Path(tmp) / "report" / "index.html").read_text(encoding="utf-8")
         assert files and "<h2>Findings</h2>" in page and "\x1b" not in page
+
+
+# -- names that are not UTF-8 (issue 30, class 5) ----------------------------------------------------------------
+
+#: Byte sequences no UTF-8 decoder accepts: lone bytes, a truncated sequence, an encoded surrogate, an overlong '/'.
+NOT_UTF8 = [b"\xff", b"\xfe\xff", b"\x80", b"\xc3(", b"\xed\xa0\x80", b"\xc0\xaf", b"\xf8\x88\x80\x80\x80"]
+ALL_FOLDERS = ["experiments", LAYOUT.root, *FOLDERS]
+
+
+@st.composite
+def bad_names(draw) -> bytes:
+    """A file or folder name (no '/', no NUL) whose bytes are not UTF-8, around one of :data:`NOT_UTF8`."""
+    around = st.binary(max_size=8).map(lambda b: b.replace(b"/", b"_").replace(b"\x00", b"_"))
+    return draw(around) + draw(st.sampled_from(NOT_UTF8)) + draw(around)
+
+
+@st.composite
+def bad_plantings(draw) -> list[tuple[str, bytes, bytes | str | None]]:
+    """One to four ``(folder, name, what)`` named with bytes that are not UTF-8: a folder (None), a file of random
+    bytes, or a copy of a valid record of the folder (its path, a ``str``)."""
+    what = st.one_of(st.none(), st.binary(max_size=200), st.sampled_from(sorted(FILES)))
+    return [(draw(st.sampled_from(ALL_FOLDERS)), draw(bad_names()), draw(what)) for _ in range(draw(st.integers(1, 4)))]
+
+
+def plant_bytes_name(root: Path, folder: str, name: bytes, what: bytes | str | None) -> None:
+    """Put a folder (None), a file of ``what``'s bytes, or a copy of the record at ``what`` (a ``str``), named
+    ``name`` (bytes: no ``str`` path can name it) in ``folder``."""
+    base = os.path.join(os.fsencode(root), os.fsencode(folder))
+    os.makedirs(base, exist_ok=True)
+    path = os.path.join(base, name)
+    if os.path.lexists(path):
+        return
+    if what is None:
+        os.mkdir(path)
+        return
+    with open(path, "wb") as fh:
+        fh.write((root / what).read_bytes() if isinstance(what, str) else what)
+
+
+def _printable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@FOLDER
+@given(bad_plantings())
+def test_names_that_are_not_utf8_are_left_out_of_every_listing_and_no_reader_raises(planted):
+    """Every backend's listing leaves the names out (never raises, never gives a surrogate-escaped name), and every
+    reader of the folder runs as without them: no rejection, problem or experiment names one of them."""
+    from swarm_gdrive.storage.fsspec_storage import FsspecStorage
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        build_folder(root)
+        clean = {
+            folder: sorted(os.listdir(root / folder)) if (root / folder).is_dir() else [] for folder in ALL_FOLDERS
+        }
+        for folder, name, data in planted:
+            plant_bytes_name(root, folder, name, data)
+        for storage in (LocalStorage(root), FsspecStorage(f"file://{root}")):
+            for folder in ALL_FOLDERS:
+                names = sorted(info.name for info in storage.list(folder))
+                assert all(_printable(n) for n in names), (type(storage).__name__, folder, names)
+                assert names == clean[folder], (type(storage).__name__, folder, names, clean[folder])
+        rejected, snapshot = read_everything(root)
+        assert not rejected, rejected
+        texts = [*snapshot.problems, *(str(f) for f in monitor.findings(snapshot))]
+        assert all(_printable(t) for t in texts), texts
+        assert monitor.list_experiments(LocalStorage(root)) == [EXPERIMENT]

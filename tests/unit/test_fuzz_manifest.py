@@ -142,3 +142,76 @@ def test_loading_and_pruning_skip_any_manifest_with_a_reason(data: bytes) -> Non
             logger.removeHandler(handler)
         assert restored is not None and restored.round == 1
         assert any(r.getMessage().startswith(f"skipping checkpoint {folder}: ") for r in records)
+
+
+# -- sizes that lie (issue 30, class 2) ----------------------------------------------------------------------------
+
+
+class CountingStorage(LocalStorage):
+    """A local folder that keeps the path of every read (whole or streamed): what a refusal must not have read."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.reads: list[str] = []
+
+    def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
+        self.reads.append(path)
+        return super().read_bytes(path, max_bytes)
+
+    def read_chunks(self, path: str, max_bytes: int, chunk_bytes: int = 1 << 20):
+        self.reads.append(path)
+        return super().read_chunks(path, max_bytes, chunk_bytes)
+
+
+@st.composite
+def lying_sizes(draw: st.DrawFn) -> tuple[checkpoint.SizeLimits, str, int, int]:
+    """A model's bounds, a file of round 2's checkpoint, the size its manifest claims and the file's real size:
+    either a claim over the file's bound (the real size that claim, or a few bytes), or a claim within it that is
+    not the real size."""
+    limits = checkpoint.SizeLimits(draw(st.integers(2, 2**36)), draw(st.integers(2, 2**36)))  # round 1: 2 bytes a file
+    name = draw(st.sampled_from(["model.safetensors", "adapter_model.safetensors", "optimizer.safetensors", *FILES]))
+    bound = limits.bound(name)
+    if bound < checkpoint.MAX_FILE_BYTES and draw(st.booleans()):
+        claimed = draw(st.integers(bound + 1, checkpoint.MAX_FILE_BYTES))
+        real = draw(st.sampled_from([claimed, 0, 2]))
+    else:
+        claimed = draw(st.integers(0, min(bound, 2**34)))
+        real = draw(st.integers(0, 2**34).filter(lambda n: n != claimed))
+    return limits, name, claimed, real
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lying_sizes())
+def test_a_size_over_the_models_bound_or_not_the_real_one_is_refused_before_a_byte_is_read(case) -> None:
+    """Round 2's manifest claims a size over the model's bound for one of its files (sparse, up to 64 GiB), or a
+    size within it that the file does not have: loading skips round 2, naming the file, without reading any of its
+    files (only its manifest), and restores round 1."""
+    limits, name, claimed, real = case
+    logger = logging.getLogger("swarm_gdrive.training.checkpoint")
+    with tempfile.TemporaryDirectory() as tmp:
+        storage = CountingStorage(Path(tmp) / "drive")
+        whole_checkpoint(storage, 1)
+        folder = LAYOUT.checkpoint_dir("w1", 2)
+        entries = {}
+        for other in FILES:
+            storage.write_bytes(f"{folder}/{other}", b"{}")
+            entries[other] = {"size": 2, "sha256": checkpoint._sha256(b"{}")}
+        storage.write_bytes(f"{folder}/{name}", b"")
+        with open(Path(tmp) / "drive" / folder / name, "r+b") as fh:
+            fh.truncate(real)  # sparse: no disk taken, whatever the size
+        entries[name] = {"size": claimed, "sha256": "0" * 64}
+        body = {**valid_body(2), "run_id": None, "files": entries}
+        storage.write_bytes(f"{folder}/{checkpoint.MANIFEST}", json.dumps(body).encode())
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler()
+        handler.emit = records.append  # type: ignore[method-assign]
+        logger.addHandler(handler)
+        try:
+            restored = checkpoint.load_latest(storage, LAYOUT, "w1", Path(tmp) / "restore", limits=limits)
+        finally:
+            logger.removeHandler(handler)
+        assert restored is not None and restored.round == 1
+        read = [p for p in storage.reads if p.startswith(folder + "/") and not p.endswith(checkpoint.MANIFEST)]
+        assert not read, read
+        skipped = [r.getMessage() for r in records if r.getMessage().startswith(f"skipping checkpoint {folder}: ")]
+        assert skipped and name in skipped[0], skipped
