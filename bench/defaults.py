@@ -90,7 +90,7 @@ def cell_env(args: argparse.Namespace, folder: Path, cell: str) -> dict[str, str
         NUM_TRAIN_SAMPLES=args.groups,
         NUM_GENERATIONS=args.generations,
         EVAL_SAMPLES=args.eval_samples,
-        SWARM_LOCAL_DIR=str(folder / "local"),
+        SWARM_LOCAL_DIR=str(folder.parent / f"{folder.name}-local"),  # never inside GDRIVE_PATH
     )
 
 

@@ -706,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if not args.report_only:
         prepare_model(args, folder)
-    local_dir = str(folder / "nodes")  # node identities stay outside the shared experiments/ tree
+    local_dir = str(folder.parent / f"{folder.name}-nodes")  # node-local folders are refused inside GDRIVE_PATH
     names = [config_name(args.groups, j) for j in args.js]
     experiments = {name: f"{args.tag}-{name}".lower() for name in names}  # experiment names are lowercase
     saved = load_study(out / f"learning_{args.tag}.json")

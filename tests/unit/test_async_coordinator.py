@@ -154,7 +154,7 @@ def make_coordinator(tmp_path, **extra) -> Coordinator:
         "GDRIVE_PATH": str(tmp_path),
         "EXPERIMENT_NAME": "exp",
         "NODE_ROLE": "coordinator",
-        "SWARM_LOCAL_DIR": str(tmp_path / ".local"),
+        "SWARM_LOCAL_DIR": f"{tmp_path}-local",  # beside the shared folder, never in it
         "ROUND_MODE": "async",
         "MAX_ROUNDS": "40",
         "HEARTBEAT_INTERVAL": "1",

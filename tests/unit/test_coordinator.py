@@ -144,7 +144,7 @@ def make_config(tmp_path, **extra):
         "GDRIVE_PATH": str(tmp_path),
         "EXPERIMENT_NAME": "exp",
         "NODE_ROLE": "coordinator",
-        "SWARM_LOCAL_DIR": str(tmp_path / ".local"),
+        "SWARM_LOCAL_DIR": f"{tmp_path}-local",  # beside the shared folder, never in it
         "COORDINATOR_ROUND_INTERVAL": "60",
     }
     return from_env({**env, **{k: str(v) for k, v in extra.items()}})

@@ -65,7 +65,7 @@ class Swarm:
                 "GDRIVE_PATH": str(tmp_path),
                 "EXPERIMENT_NAME": "exp",
                 "NODE_ROLE": "coordinator",
-                "SWARM_LOCAL_DIR": str(tmp_path / ".local"),
+                "SWARM_LOCAL_DIR": f"{tmp_path}-local",  # beside the shared folder, never in it
                 "HEARTBEAT_INTERVAL": str(HEARTBEAT_S),
             }
         )

@@ -45,7 +45,7 @@ def test_a_layer_reads_its_settings_without_the_composition(tmp_path) -> None:
 
 
 def test_the_composition_fingerprints_every_layers_defining_fields(tmp_path) -> None:
-    config = from_env({"GDRIVE_PATH": str(tmp_path), "SWARM_LOCAL_DIR": str(tmp_path), "WORKLOAD": "synthetic"})
+    config = from_env({"GDRIVE_PATH": str(tmp_path), "SWARM_LOCAL_DIR": f"{tmp_path}-local", "WORKLOAD": "synthetic"})
     assert tuple(config.fingerprint_fields()) == FINGERPRINT_FIELDS
     names = {f.name for f in env_fields()}
     assert set(FINGERPRINT_FIELDS) <= names

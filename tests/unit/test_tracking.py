@@ -65,7 +65,7 @@ def test_each_trl_name_is_one_trl_logs_and_what_only_a_swarm_has_is_under_swarm(
 
 
 def env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    return {"GDRIVE_PATH": str(tmp_path), "SWARM_LOCAL_DIR": str(tmp_path / "local"), **extra}
+    return {"GDRIVE_PATH": str(tmp_path), "SWARM_LOCAL_DIR": f"{tmp_path}-local", **extra}
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,7 @@ def test_report_to_errors_name_the_setting_and_the_fix(tmp_path, monkeypatch):
 
 
 def test_a_tracker_that_fails_is_dropped_and_the_metric_lines_go_on(tmp_path, monkeypatch, caplog):
-    config = from_env(env(tmp_path, REPORT_TO="tensorboard", EXPERIMENT_NAME="exp", TRACKING_DIR=str(tmp_path / "tb")))
+    config = from_env(env(tmp_path, REPORT_TO="tensorboard", EXPERIMENT_NAME="exp", TRACKING_DIR=f"{tmp_path}-tb"))
     tracking = tracking_for(config, "w1")
     log = NodeLog(LocalStorage(tmp_path), Layout("exp"), "w1")
     log.sinks.append(tracking.log)
@@ -111,12 +111,12 @@ def test_a_tracker_that_fails_is_dropped_and_the_metric_lines_go_on(tmp_path, mo
         "REPORT_TO=tensorboard: logging failed (OSError: disk full); dropping it"
     ]
     assert log.flush() and len((tmp_path / "experiments/exp/logs/w1/metrics.jsonl").read_text().split()) == 3
-    scalars = tensorboard_scalars(tmp_path / "tb" / "tensorboard" / "exp" / "w1")
+    scalars = tensorboard_scalars(Path(f"{tmp_path}-tb") / "tensorboard" / "exp" / "w1")
     assert scalars["train/loss"] == [(0, 0.5)] and scalars["train/reward"] == [(0, 0.25)]
 
 
 def test_a_tracker_that_cannot_start_leaves_the_node_without_it(tmp_path, monkeypatch, caplog):
-    config = from_env(env(tmp_path, REPORT_TO="tensorboard", TRACKING_DIR=str(tmp_path / "tb")))
+    config = from_env(env(tmp_path, REPORT_TO="tensorboard", TRACKING_DIR=f"{tmp_path}-tb"))
     tracking = tracking_for(config, "w1")
 
     def refuse(self: Tracking, run_id: str) -> None:
