@@ -294,7 +294,13 @@ def hard_link(scene: Scene) -> Planted:
     # link's bytes, not the node's, are what is at the path until the node replaces it.
     node = scene.spare
     rel = LAYOUT.metrics_file(node) if where == "metrics" else LAYOUT.events_file(node)
-    plant_hard_link(scene.folder, rel, scene.outside / "sentinel.txt")
+    for attempt in range(10):  # the live node may recreate its log between the planter's unlink and link
+        try:
+            plant_hard_link(scene.folder, rel, scene.outside / "sentinel.txt")
+            break
+        except FileExistsError:
+            if attempt == 9:
+                raise
     return Planted(f"hard_link {where} of {node}", {rel}, tainted_logs={node})
 
 
