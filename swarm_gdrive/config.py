@@ -25,6 +25,7 @@ from swarm_gdrive.envparse import (
     parse_local_dir,
     parse_optional_name,
     parse_seconds,
+    read_env,
 )
 from swarm_gdrive.presets import load as load_preset
 from swarm_gdrive.progress import MODES as PROGRESS_MODES
@@ -39,8 +40,8 @@ from swarm_gdrive.protocol.settings import (
     TRACKERS,
     auto_round_mode,
 )
-from swarm_gdrive.storage.settings import GDRIVE_PATH_FIX
 from swarm_gdrive.training import settings as training_settings
+from swarm_gdrive.training import task_check
 from swarm_gdrive.training.settings import (
     CHECKPOINT_OPTIMIZERS,
     LOSS_TYPES,
@@ -172,6 +173,12 @@ class Config(TrainingSettings):
         parse_choice(PROGRESS_MODES),
     )
 
+    def fingerprint_fields(self) -> dict[str, Any]:
+        """:attr:`FINGERPRINT_FIELDS`' values, and the task's when it is not reasoning-gym's defaults
+        (:func:`swarm_gdrive.training.task_check.fingerprint_fields`: a dataset's settings and rows' hash, the
+        reward functions' names)."""
+        return task_check.fingerprint_fields(self, super().fingerprint_fields())
+
     def changed(self) -> dict[str, Any]:
         """The settings whose value is not their default (as :meth:`describe` shows them): what a node was given,
         and what SYNC_LAG derived from it. GDRIVE_PATH, which has no default, is not among them."""
@@ -179,7 +186,7 @@ class Config(TrainingSettings):
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             var = f.metadata["env"]
-            if var == "GDRIVE_PATH":
+            if f.metadata["required"]:
                 continue
             default = parse_local_dir(var, f.default) if f.name in _LOCAL_DIR_FIELDS else f.default
             if getattr(self, f.name) != default:
@@ -240,7 +247,7 @@ def settings_markdown() -> str:
         "|---|---|---|",
     ]
     for f in env_fields():
-        default = "required" if f.metadata["env"] == "GDRIVE_PATH" else "unset" if f.default is None else f.default
+        default = "required" if f.metadata["required"] else "unset" if f.default is None else f.default
         meaning = f.metadata["help"].replace("|", "\\|")
         lines.append(f"| `{f.metadata['env']}` | `{default}` | {meaning} |")
     return "\n".join(lines) + "\n"
@@ -252,21 +259,16 @@ def env_fields() -> list[dataclasses.Field]:
 
 
 def from_env(environ: Mapping[str, str] | None = None) -> Config:
-    """Build and validate a :class:`Config` from ``environ`` (default: ``os.environ``)."""
+    """Build and validate a :class:`Config` from ``environ`` (default: ``os.environ``): TEST_MODE's preset, then
+    every layer's fields read and parsed (:func:`~swarm_gdrive.envparse.read_env`), then the relations."""
     env = dict(os.environ if environ is None else environ)
-    test_mode = parse_bool("TEST_MODE", env.get("TEST_MODE", ""))
-    if test_mode:
+    if parse_bool("TEST_MODE", env.get("TEST_MODE", "")):
         for var, value in TEST_MODE_PRESET.items():
             env.setdefault(var, value)
-    values: dict[str, Any] = {}
+    values = read_env(Config, env)
     for f in env_fields():
-        var = f.metadata["env"]
-        if var in env:
-            values[f.name] = f.metadata["parse"](var, env[var])
-        elif f.default is None and var == "GDRIVE_PATH":
-            raise ConfigError(var, None, GDRIVE_PATH_FIX)
-        elif f.name in _LOCAL_DIR_FIELDS:
-            values[f.name] = parse_local_dir(var, f.default)
+        if f.name in _LOCAL_DIR_FIELDS and f.name not in values:
+            values[f.name] = parse_local_dir(f.metadata["env"], f.default)
     protocol_settings.derive_from_lag(values, env)
     config = Config(**values)
     _check_relations(config)
@@ -279,5 +281,8 @@ def _check_relations(config: Config) -> None:
     protocol_settings.check_relations(config)
     if config.workload == "grpo" and not config.is_coordinator:
         training_settings.check_task_mix(config)
+    if config.workload == "grpo" and (config.task_source != "reasoning_gym" or config.reward_functions):
+        # A worker's dataset and probed reward functions; a coordinator's dataset, read for the fingerprint.
+        task_check.check_task(config, probe=not config.is_coordinator)
     training_settings.check_relations(config)
     protocol_settings.check_lag(config)

@@ -80,6 +80,8 @@ VALID: dict[str, tuple[str, str, object, dict[str, str]]] = {
     "SYNTHETIC_STEP_SECONDS": ("0.002", "synthetic_step_seconds", 0.002, {}),
     "RESET_EXPERIMENT": ("TRUE", "reset_experiment", True, {}),
     "COORDINATOR_TAKEOVER": ("yes", "coordinator_takeover", True, {}),
+    "COORDINATOR_KEY_FILE": ("/tmp/keys/k.pem", "coordinator_key_file", "/tmp/keys/k.pem", {}),
+    "REPIN_COORDINATOR_KEY": ("true", "repin_coordinator_key", True, {}),
     "LOG_LEVEL": ("debug", "log_level", "DEBUG", {}),
     "PROGRESS": (" Lines ", "progress", "lines", {}),
     "REPORT_TO": (" TensorBoard,tensorboard ", "report_to", "tensorboard", {}),
@@ -94,6 +96,7 @@ VALID: dict[str, tuple[str, str, object, dict[str, str]]] = {
     ),
     "MAX_NEW_TOKENS": ("64", "max_new_tokens", 64, {}),
     "ANSWER_EXTRACTION": ("Lenient", "answer_extraction", "lenient", {}),
+    "PARTIAL_CREDIT": ("False", "partial_credit", False, {}),
     # The paper mix's easy propositional_logic has 4 distinct questions: too few to hold any out.
     "TASK_DIFFICULTY": ("EASY", "task_difficulty", "easy", {"TASKS": "chain_sum,basic_arithmetic"}),
     "GOOGLE_APPLICATION_CREDENTIALS": (" /keys/sa.json ", "google_application_credentials", "/keys/sa.json", {}),
@@ -149,6 +152,28 @@ VALID: dict[str, tuple[str, str, object, dict[str, str]]] = {
     "GRADIENT_CHECKPOINTING": ("on", "gradient_checkpointing", True, {}),
     "HUB_PUSH_INTERVAL": ("4", "hub_push_interval", 4, {}),
     "HUB_REPO_ID": (" me/my-model ", "hub_repo_id", "me/my-model", {}),
+    # A dataset is read only by a node that trains (or states its fingerprint): tests/unit/test_dataset_task.py.
+    "TASK_SOURCE": (" Datasets ", "task_source", "datasets", {"WORKLOAD": "synthetic"}),
+    "DATASET_PATH": (" /data/gsm8k.jsonl ", "dataset_path", "/data/gsm8k.jsonl", {}),
+    "DATASET_CONFIG": ("main", "dataset_config", "main", {}),
+    "DATASET_SPLIT": (" test ", "dataset_split", "test", {}),
+    "DATASET_QUESTION_COLUMN": ("problem", "dataset_question_column", "problem", {}),
+    "DATASET_ANSWER_COLUMN": ("solution", "dataset_answer_column", "solution", {}),
+    "DATASET_ANSWER_CHECK": (" Numeric ", "dataset_answer_check", "numeric", {}),
+    "DATASET_SYSTEM_PROMPT": (
+        "Answer in <answer></answer>.",
+        "dataset_system_prompt",
+        "Answer in <answer></answer>.",
+        {},
+    ),
+    "DATASET_MAX_ROWS": ("500", "dataset_max_rows", 500, {}),
+    "CHAT_TEMPLATE": ("/templates/chatml.jinja", "chat_template", "/templates/chatml.jinja", {}),
+    "REWARD_FUNCTIONS": (
+        "my_rewards:brevity:0.1",
+        "reward_functions",
+        "my_rewards:brevity:0.1",
+        {"WORKLOAD": "synthetic"},
+    ),
 }
 
 
@@ -233,6 +258,8 @@ def test_defaults(base: dict[str, str], tmp_path: Path, monkeypatch: pytest.Monk
         "model_cache_dir": str(tmp_path / ".cache" / "swarm-gdrive" / "models"),
         "reset_experiment": False,
         "coordinator_takeover": False,
+        "coordinator_key_file": None,
+        "repin_coordinator_key": False,
         "log_level": "INFO",
         "progress": "auto",
         "report_to": "none",
@@ -240,7 +267,19 @@ def test_defaults(base: dict[str, str], tmp_path: Path, monkeypatch: pytest.Monk
         "tracking_project": "swarm-gdrive",
         "tasks": None,
         "task_config": None,
+        "task_source": "reasoning_gym",
+        "dataset_path": None,
+        "dataset_config": None,
+        "dataset_split": "train",
+        "dataset_question_column": "question",
+        "dataset_answer_column": "answer",
+        "dataset_answer_check": "math",
+        "dataset_system_prompt": None,
+        "dataset_max_rows": 100_000,
+        "chat_template": None,
+        "reward_functions": None,
         "answer_extraction": "strict",
+        "partial_credit": True,
         "answer_prefix": False,
         "task_difficulty": "paper",
         "curriculum_threshold": 0.0,
@@ -606,6 +645,15 @@ def test_fingerprint_fields(base: dict[str, str]) -> None:
         "task_difficulty": "paper",
         "curriculum_threshold": 0.0,
     }
+
+
+def test_partial_credit_off_is_in_the_fingerprint_and_its_default_is_not(base: dict[str, str]) -> None:
+    """PARTIAL_CREDIT changes every reward, so false defines another experiment; true (the default, today's scoring)
+    leaves the fingerprint of an experiment created before the setting as it was."""
+    default, off = from_env(base), from_env({**base, "PARTIAL_CREDIT": "false"})
+    assert "partial_credit" not in default.fingerprint_fields()
+    assert off.fingerprint_fields()["partial_credit"] is False and off.fingerprint() != default.fingerprint()
+    assert from_env({**base, "PARTIAL_CREDIT": "true"}).fingerprint() == default.fingerprint()
 
 
 def test_config_is_frozen(base: dict[str, str]) -> None:
