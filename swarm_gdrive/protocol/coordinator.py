@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import secrets
 import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from pathlib import Path
 
 from swarm_gdrive import logctx
 from swarm_gdrive.protocol.exchange import Exchange, RunChangedError, listing_key
@@ -43,8 +45,10 @@ from swarm_gdrive.protocol.records import (
     RecordError,
     StateRecord,
     decode,
+    encode,
 )
 from swarm_gdrive.protocol.settings import ProtocolSettings
+from swarm_gdrive.protocol.signing import CoordinatorKey, KeyFileError, key_path, self_signed, short, signed_by
 from swarm_gdrive.protocol.tracking import tracking_for
 from swarm_gdrive.protocol.trust import CONFIRM_SECONDS
 from swarm_gdrive.storage import FileInfo, Storage
@@ -249,8 +253,13 @@ class Coordinator:
         #: This process, in every state it writes: its own writes are told from any other's, even its NODE_ID's.
         self.instance = secrets.token_hex(8)
         self._experiment: ExperimentRecord | None = None  # experiment.json as this process wrote or resumed it
+        self._created_here = False  # this process created the run (not resumed it)
+        #: Its Ed25519 key (protocol/signing.py); None while it runs an experiment created before keys existed.
+        self.key: CoordinatorKey | None = None
+        self.key_path = key_path(config.local_dir, config.experiment_name, config.coordinator_key_file)
         self._taken_over: str | None = None  # the coordinator this one took over from (COORDINATOR_TAKEOVER)
         self._frozen: set[tuple[str, float, int]] = set()  # peer files of other coordinators seen not beating
+        self._restored = False  # it wrote its state or experiment.json back at least once: someone writes there
         self.liveness = Liveness(config.liveness_timeout)
         self.workers_seen: set[str] = set()
         # workers whose last record read says alive (liveness by listing), with when that entry was first read
@@ -288,11 +297,17 @@ class Coordinator:
                 f"its experiment.json is invalid ({why})" if why else "its experiment.json is missing"
             )
             return self._create()
+        if existing is not None and (existing.public_key is not None or self._kept_path().exists()):
+            # before its fields are believed: they may be forged, its key left out too
+            existing = self._own_experiment(existing)
+            if existing is None:
+                return self._create()
         if existing is not None and existing.fingerprint != self.config.fingerprint():
+            now = self.config.fingerprint_fields()
             changed = [
-                f"{k.upper()}={existing.config.get(k)!r} (now {v!r})"
-                for k, v in self.config.fingerprint_fields().items()
-                if existing.config.get(k) != v
+                f"{k.upper()}={existing.config.get(k)!r} (now {now.get(k, getattr(self.config, k, None))!r})"
+                for k in list(now) + [k for k in existing.config if k not in now]
+                if existing.config.get(k) != now.get(k)
             ]
             self._reset_or_refuse("it was started with " + ", ".join(changed))
             return self._create()
@@ -306,6 +321,12 @@ class Coordinator:
         self.exchange.run_id = existing.run_id
         self._experiment = existing
         self._created_at = existing.created_at
+        if self.key is not None:
+            self.exchange.write_experiment(existing)  # the kept copy, when a participant had replaced it
+        return self._resume(existing)
+
+    def _resume(self, existing: ExperimentRecord) -> StateRecord:
+        """The state to resume ``existing`` from (the state file's, when this run's and within bounds), written."""
         try:
             state = self.exchange.read_state()
             foreign = None
@@ -317,6 +338,8 @@ class Coordinator:
         last = self._last_rewarded_round(self.config.num_stages)  # once: the bounds check and the recovery use it
         if state is not None and state.mode != existing.mode:  # not this run's: planted, recovered from
             state, foreign = None, f"of ROUND_MODE={state.mode!r}, not experiment.json's {existing.mode!r}"
+        if state is not None and self.key is not None and not signed_by(state, self.key.public):
+            state, foreign = None, f"not signed by this coordinator's key {short(self.key.public)}"
         if state is not None:
             foreign = self._beyond_bounds(state, last)
             if foreign is not None:
@@ -342,7 +365,7 @@ class Coordinator:
                 "advance_reason": "resume" if state.status == "running" else state.advance_reason,
             }
         )
-        self.exchange.write_state(state)
+        state = self.exchange.write_state(state)
         self.log.event(
             "coordinator_resumed",
             f"resuming at round {state.round} ({state.status})",
@@ -364,17 +387,121 @@ class Coordinator:
         if removed:
             logger.info("removed %d temporary files left by an earlier coordinator process", removed)
 
+    def _own_experiment(self, existing: ExperimentRecord) -> ExperimentRecord | None:
+        """An experiment.json that names a coordinator key: the experiment this coordinator resumes, with its key
+        loaded and signing (:attr:`key`); None once RESET_EXPERIMENT moved it to archives/ (then :meth:`_create`).
+
+        Its key must be this coordinator's (COORDINATOR_KEY_FILE, or the default under SWARM_LOCAL_DIR). One that
+        this key did not sign (a forgery in place, a run of another key) is replaced by the copy this coordinator
+        kept of the last one it signed, when there is one; otherwise it refuses, naming the fix."""
+        try:
+            key = CoordinatorKey.load(self.key_path)
+        except KeyFileError as exc:
+            self._reset_or_refuse(str(exc))
+            return None
+        ours = key is not None and existing.public_key == key.public
+        if key is None or not (ours and self_signed(existing)):
+            kept = self._kept_experiment(key)
+            if kept is None or (not ours and self_signed(existing)):  # none kept, or a run another key signed
+                self._refuse_key(existing, key)
+                return None
+            logger.warning(  # forged in place: this key did not sign it
+                "experiment.json (run %s, key %s) is not the one this coordinator signed last: writing run %s back",
+                existing.run_id,
+                short(existing.public_key),
+                kept.run_id,
+            )
+            existing = kept
+        assert key is not None
+        self._use_key(key, existing)
+        return existing
+
+    def _refuse_key(self, existing: ExperimentRecord, key: CoordinatorKey | None) -> None:
+        """Reset (RESET_EXPERIMENT) or refuse an experiment whose key is not in this coordinator's key file."""
+        if key is None:
+            self._reset_or_refuse(
+                f"its experiment.json names coordinator key {short(existing.public_key)}, but this coordinator has no "
+                f"key file at {self.key_path}: restore that file there (or point COORDINATOR_KEY_FILE at it; the "
+                "notebooks keep it in your own Drive)"
+            )
+            return
+        signed = "signed by it" if self_signed(existing) else "not signed by it"
+        self._reset_or_refuse(
+            f"its experiment.json names coordinator key {short(existing.public_key)} ({signed}), but this "
+            f"coordinator's key file {self.key_path} holds key {short(key.public)}: point COORDINATOR_KEY_FILE at the "
+            "experiment's key file"
+        )
+
+    def _kept_path(self) -> Path:
+        """The copy of the last experiment.json this coordinator signed, beside its key file."""
+        return self.key_path.with_name(f"{self.config.experiment_name}.signed-experiment.json")
+
+    def _kept_experiment(self, key: CoordinatorKey | None) -> ExperimentRecord | None:
+        """That copy, when it is one ``key`` signed; None otherwise."""
+        if key is None:
+            return None
+        try:
+            kept = decode(self._kept_path().read_bytes(), ExperimentRecord)
+        except (OSError, RecordError):
+            return None
+        ok = kept.public_key == key.public and self_signed(kept) and kept.experiment == self.config.experiment_name
+        return kept if ok else None
+
+    def _use_key(self, key: CoordinatorKey, experiment: ExperimentRecord) -> None:
+        """Sign every experiment.json and state from here on with ``key``; keep a copy of ``experiment`` (signed)
+        beside the key, from which a restart puts it back if a participant replaced it meanwhile."""
+        self.key = key
+        self.exchange.signer = key.sign
+        signed = key.sign(experiment)
+        kept = self._kept_path()
+        tmp = kept.with_name(f".{kept.name}.tmp")
+        try:
+            tmp.write_bytes(encode(signed))
+            os.replace(tmp, kept)
+        except OSError as exc:  # the copy only helps a restart during a forgery: the run goes on without it
+            logger.warning("could not keep a copy of experiment.json in %s: %s", kept, exc)
+        logger.info("signing experiment.json and every state with coordinator key %s (%s)", short(key.public), key.path)
+
     def _reset_or_refuse(self, why: str) -> None:
         if not self.config.reset_experiment:
             raise ExperimentMismatchError(
                 f"EXPERIMENT_NAME={self.config.experiment_name!r}: the folder {self.layout.root} already holds an "
                 f"experiment, and {why}: use another EXPERIMENT_NAME, restore those values, or set "
-                "RESET_EXPERIMENT=true to move it to archives/ and start afresh"
+                "RESET_EXPERIMENT=true to move it to archives/ and start afresh (a new run; with a new coordinator "
+                "key, its workers rejoin only once started with REPIN_COORDINATOR_KEY=true)"
             )
+        self._refuse_reset_under_a_recent_coordinator()
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         target = self.layout.reset_archive_dir(stamp)
         logger.warning("RESET_EXPERIMENT: moving %s to %s", self.layout.root, target)
         self.exchange.storage.move(self.layout.root, target)
+
+    def _refuse_reset_under_a_recent_coordinator(self) -> None:
+        """RESET_EXPERIMENT over a run another coordinator was playing (``waiting`` or ``running``): its heartbeat is
+        watched for LIVENESS_TIMEOUT first, not the short window of :meth:`_refuse_live_rival`, so that a coordinator
+        killed a moment ago and restarting is not reset under its workers (RivalCoordinatorError, exit code 2, when
+        it beats). A finished or stopped run, or one whose coordinator left no live peer file, resets at once."""
+        found = self.exchange.read_state_file()
+        if found is None or found.status not in ("waiting", "running") or found.coordinator_id == self.node_id:
+            return
+        other = found.coordinator_id
+        if other == self._taken_over or self._coordinator_peer(other) is None:
+            return
+        window = self.config.liveness_timeout
+        logger.warning(
+            "RESET_EXPERIMENT: coordinator %r was playing round %d: watching its heartbeat %g s (LIVENESS_TIMEOUT) "
+            "before resetting its experiment",
+            other,
+            found.round,
+            window,
+        )
+        beat = self._watch_rival(other, window=window)
+        if beat is not None:
+            raise RivalCoordinatorError(
+                f"EXPERIMENT_NAME={self.config.experiment_name!r}: RESET_EXPERIMENT refused: coordinator {other!r} "
+                f"runs this experiment ({beat}). Stop it first (a coordinator whose heartbeat stopped for "
+                f"LIVENESS_TIMEOUT={window:g} s is gone), or set COORDINATOR_TAKEOVER=true"
+            )
 
     def _play_mode(self, mode: str, why: str) -> None:
         """From here on ``config.round_mode`` is the mode this run plays (ROUND_MODE=auto resolved, ``why`` says
@@ -389,6 +516,10 @@ class Coordinator:
         self.exchange.run_id = run_id
         self.exchange.prepare_experiment()  # before experiment.json, which workers wait for
         self._created_at = time.time()
+        try:
+            key = CoordinatorKey.load_or_create(self.key_path)
+        except KeyFileError as exc:
+            raise ExperimentMismatchError(f"{exc}: set COORDINATOR_KEY_FILE to a writable file") from None
         self._experiment = ExperimentRecord(
             experiment=self.config.experiment_name,
             run_id=run_id,
@@ -397,10 +528,14 @@ class Coordinator:
             coordinator_id=self.node_id,
             created_at=self._created_at,
             mode=self.config.round_mode,
+            public_key=key.public,
         )
+        self._experiment = key.sign(self._experiment)
+        self._created_here = True
+        self._use_key(key, self._experiment)
         self.exchange.write_experiment(self._experiment)
         state = self._initial_state(run_id)
-        self.exchange.write_state(state)
+        state = self.exchange.write_state(state)
         self.log.event("experiment_created", f"run {run_id}", round_=0, fingerprint=self.config.fingerprint())
         return state
 
@@ -556,11 +691,10 @@ class Coordinator:
         heartbeat.start()
         self.tracking.start(state.run_id)
         try:
-            if state.mode == "async":
-                self._serve_async(state, heartbeat)
-            else:
-                self._serve(state, heartbeat)
+            serve = self._serve_async if state.mode == "async" else self._serve
+            state = serve(state, heartbeat)
             self._drain()
+            self._hold_finished(state)
         except Stopped:
             logger.info("stopping on request")
         finally:
@@ -581,7 +715,8 @@ class Coordinator:
             state, checked = self._keep_own_state(state), self.clock()
         return state, checked, now
 
-    def _serve(self, state: StateRecord, heartbeat: Heartbeat) -> None:
+    def _serve(self, state: StateRecord, heartbeat: Heartbeat) -> StateRecord:
+        """The loop of a synchronous experiment (:func:`decide`); returns the ``finished`` state it wrote."""
         brisk = self.config.poll_interval_min * BRISK_FRACTION
         pacer = Pacer(Backoff(self.config.poll_interval_min, self.config.poll_interval_max), brisk, self.clock)
         opened = checked = self.clock()
@@ -610,9 +745,9 @@ class Coordinator:
                 state, checked = self._keep_own_state(state), self.clock()  # a rival's: yield; else restored
                 continue
             if decision.state is not None:
-                self._publish(state, decision, live, submitted, now)
-                new_round = decision.state.round != state.round or decision.state.status != state.status
-                state = decision.state
+                published = self._publish(state, decision, live, submitted, now)
+                new_round = published.round != state.round or published.status != state.status
+                state = published
                 logctx.set_round(state.round)
                 heartbeat.set_round(state.round)
                 pacer.reset()
@@ -631,6 +766,28 @@ class Coordinator:
                 if state.status == "running":
                     timeout = min(timeout, max(0.0, self.config.coordinator_round_interval - (self.clock() - opened)))
                 self.stop.wait(max(timeout, 0.01))
+        return state
+
+    def _hold_finished(self, state: StateRecord) -> None:
+        """After the end of a run in which this coordinator had to write its state or experiment.json back (a
+        participant writes there), before exiting: the workers live at the finish may not have read ``finished``
+        yet, and a state written over it (which they ignore) would leave them waiting for it until
+        COORDINATOR_WAIT_TIMEOUT. Until each has stopped or fallen silent (§6), for at most
+        COORDINATOR_ROUND_INTERVAL + SYNC_LAG, this coordinator reads its state back every HEARTBEAT_INTERVAL and
+        writes it again if it is not there (:meth:`_keep_own_state`)."""
+        if not self._restored:
+            return
+        waiting = self.observe(self.clock())
+        started = checked = self.clock()
+        window = self.config.coordinator_round_interval + self.config.sync_lag
+        backoff = Backoff(self.config.poll_interval_min, self.config.poll_interval_max)
+        while waiting and self.clock() - started < window:
+            if self.stop.wait(max(backoff.next(), 0.01)):
+                return
+            now = self.clock()
+            if now - checked >= self.config.heartbeat_interval:
+                state, checked = self._keep_own_state(state), self.clock()
+            waiting &= self.observe(now)
 
     def past_deadline(self) -> bool:
         """EXPERIMENT_DEADLINE_MINUTES (0: none) has passed since experiment.json's ``created_at``, on this node's
@@ -641,7 +798,7 @@ class Coordinator:
     def deadline_message(self) -> str:
         return f"EXPERIMENT_DEADLINE_MINUTES={self.config.experiment_deadline_minutes:g} has passed"
 
-    def _serve_async(self, state: StateRecord, heartbeat: Heartbeat) -> None:
+    def _serve_async(self, state: StateRecord, heartbeat: Heartbeat) -> StateRecord:
         """The loop of an asynchronous experiment: liveness, each worker's progress, the end (:func:`decide_async`);
         no round is opened and no worker waits for this node. Stopped, it writes ``stopped`` as the synchronous loop
         does. Finished, it keeps counting the rewards of the workers still live (:meth:`_drain_async`)."""
@@ -681,6 +838,7 @@ class Coordinator:
             if state.status != "finished":
                 self.stop.wait(max(backoff.next(), 0.01))
         self._drain_async(state, live)
+        return state
 
     def _write_async(
         self, state: StateRecord, decision: Decision, live: frozenset[str], heartbeat: Heartbeat
@@ -694,7 +852,7 @@ class Coordinator:
             return self._keep_own_state(state)
         if new.status == "running" and state.status == "waiting":
             self._prepare_async_rounds(new, listed=False)  # before any worker writes into them
-        self.exchange.write_state(new)
+        new = self.exchange.write_state(new)
         if new.status != state.status:
             self._async_status_changed(new, live, decision.reason)
         logctx.set_round(new.round)
@@ -924,7 +1082,7 @@ class Coordinator:
         force."""
         found = self.exchange.read_state_file()
         if found is not None and found.coordinator_id != self.node_id and found.instance != self.instance:
-            self._face_rival(found)  # raises when it is a live coordinator's state, and stays
+            self._face_rival(found, state)  # raises when it is a live coordinator's state, and stays
             found = self.exchange.read_state_file()
         self._keep_own_experiment()
         if found is not None and _writer_key(found) == _writer_key(state) and found.instance == self.instance:
@@ -943,7 +1101,9 @@ class Coordinator:
                 "instance": self.instance,
             }
         )
-        self.exchange.write_state(restored)  # clears what blocks it (a folder, a link) as every write of its own does
+        # clears what blocks it (a folder, a link) as every write of its own does
+        restored = self.exchange.write_state(restored)
+        self._restored = True
         self.log.event(
             "state_restored",
             f"{path} was not this coordinator's ({why}): wrote round {state.round} ({state.status}) again",
@@ -961,9 +1121,11 @@ class Coordinator:
         if mine is None:
             return
         found = self.exchange.read_experiment()
-        fields = ("run_id", "fingerprint", "coordinator_id", "mode")
+        fields = ("run_id", "fingerprint", "coordinator_id", "mode", "public_key")
         if found is not None and all(getattr(found, f) == getattr(mine, f) for f in fields):
-            return
+            if self.key is None or found == mine:  # signed: its every byte is the coordinator's, or a pinned
+                return  # worker restarted meanwhile would wait for it
+            fields = (*fields, "signature")
         if found is not None and self._beating_rival(found.coordinator_id):
             # One that took over with RESET_EXPERIMENT, between its experiment.json and its first state: not
             # written over; its state decides at the next read-back (_face_rival).
@@ -975,8 +1137,13 @@ class Coordinator:
         if found is None:
             why = self.exchange.rejection(path) or "missing"
         else:
-            why = ", ".join(f"{f} {getattr(found, f)!r}" for f in fields if getattr(found, f) != getattr(mine, f))
+            why = ", ".join(
+                f"{f} {getattr(found, f)!r}" if f != "signature" else "a signature not this coordinator's"
+                for f in fields
+                if getattr(found, f) != getattr(mine, f)
+            )
         self.exchange.write_experiment(mine)
+        self._restored = True
         self.log.event(  # the coordinator's own files, read back: the state's event, for either of them
             "state_restored",
             f"{path} was not this run's ({why}): wrote run {mine.run_id} of coordinator {mine.coordinator_id!r} again",
@@ -1016,16 +1183,19 @@ class Coordinator:
         hb, lag = self.config.heartbeat_interval, self.config.sync_lag
         return max(2 * hb + lag, CONFIRM_SECONDS + lag)
 
-    def _watch_rival(self, node: str, still: Callable[[], bool] | None = None) -> str | None:
+    def _watch_rival(
+        self, node: str, still: Callable[[], bool] | None = None, window: float | None = None
+    ) -> str | None:
         """Watch ``node``'s peer file for :meth:`_rival_window` seconds: what shows that a coordinator is beating
         there (its heartbeat rose, or another registration replaced it), or None (absent, not a coordinator's, or
-        frozen: a dead one, or a file planted once). Without ``still`` the watch ends at the first rise; with it,
-        it lasts the whole window, ``still`` is asked at each look, and False ends it (None). Raises
+        frozen: a dead one, or a file planted once); ``window`` replaces that length. Without ``still`` the watch
+        ends at the first rise; with it, it lasts the whole window, ``still`` is asked at each look, and False ends
+        it (None). Raises
         :class:`Stopped` when this node is stopped meanwhile."""
         first = self._coordinator_peer(node)
         if first is None:
             return None
-        window = self._rival_window()
+        window = self._rival_window() if window is None else window
         started = self.clock()
         risen: str | None = None
         while True:
@@ -1081,7 +1251,7 @@ class Coordinator:
         self._taken_over = rival
         logger.warning("COORDINATOR_TAKEOVER: %s; this one takes over, and it exits once it sees this one's state", who)
 
-    def _face_rival(self, found: StateRecord) -> None:
+    def _face_rival(self, found: StateRecord, own: StateRecord) -> None:
         """The state file holds ``found``, written by another coordinator (another NODE_ID). Whether this one yields:
 
         - the coordinator this one took over from (COORDINATOR_TAKEOVER): never; its state is overwritten, and it
@@ -1095,7 +1265,8 @@ class Coordinator:
           this one goes on, and a state not its own is overwritten.
 
         One file, read by both: the one whose state is not in it yields, the other does not, so two coordinators end
-        with one, never a livelock. What signs a state (a later change) would be checked here, before the watch."""
+        with one, never a livelock. Workers never play a state the experiment's key did not sign, whatever this one
+        does here; the watch stays for all, so that one that took over with the key file is yielded to."""
         rival = found.coordinator_id
         peer = self._coordinator_peer(rival)
         if rival == self._taken_over or peer is None or (rival, peer.registered_at, peer.heartbeat) in self._frozen:
@@ -1127,15 +1298,36 @@ class Coordinator:
             "first, or start this one with COORDINATOR_TAKEOVER=true (docs/operations.md, 'Two coordinators')"
         )
         self.log.event("coordinator_overtaken", message, level="error", rival=rival)
+        self._withdraw_experiment(found, own)
         self.log.flush()
         raise RivalCoordinatorError(message)
 
+    def _withdraw_experiment(self, rival: StateRecord, own: StateRecord) -> None:
+        """Yielding to a coordinator started beside this one (``rival``'s state, of another run, stayed): the
+        experiment.json of the run this process created, if it is still the one in the file, is removed, so that a
+        worker joining in the seconds before the other writes its own back (after watching this one's heartbeat stop)
+        waits for that one instead of pinning this one's key. Only while its run is still ``waiting`` (no round
+        opened): a run with rounds keeps it, so that a restart resumes it (a participant faking a rival's heartbeat
+        can make this coordinator yield, §13); and a takeover of this run keeps it."""
+        mine = self._experiment
+        if mine is None or not self._created_here or own.status != "waiting" or rival.run_id == mine.run_id:
+            return
+        if self.exchange.read_experiment() != mine:
+            return
+        try:
+            self.exchange.storage.delete(self.layout.experiment_file)
+        except OSError as exc:
+            logger.warning("could not remove the experiment.json of run %s: %s", mine.run_id, exc)
+            return
+        logger.info("removed the experiment.json of run %s, which this coordinator created", mine.run_id)
+
     def _publish(
         self, old: StateRecord, decision: Decision, live: frozenset[str], submitted: frozenset[str], now: float
-    ) -> None:
+    ) -> StateRecord:
+        """Write the decided state (signed, when this coordinator has a key); returns it as written."""
         new = decision.state
         assert new is not None
-        self.exchange.write_state(new)
+        new = self.exchange.write_state(new)
         if new.round != old.round or new.status != old.status:
             missing = sorted(live - submitted)
             if old.status == "running" and decision.reason in ("interval", "deadline") and missing:
@@ -1172,6 +1364,7 @@ class Coordinator:
             self.log.flush()
             if self.config.rollout_cleanup_enabled and old.status == "running":
                 self.prune_empty_round_dirs(new.round - self.config.rollout_keep_last_n_rounds)
+        return new
 
     # -- first-hour feedback and late rewards ---------------------------------------------
 

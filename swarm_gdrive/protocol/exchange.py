@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from swarm_gdrive.protocol.layout import Layout, node_id_from_filename, parse_round_dir, parse_stage_dir
 from swarm_gdrive.protocol.records import (
@@ -138,6 +139,8 @@ class Exchange:
         self.node_id = node_id
         self.run_id = run_id
         self._on_reject = on_reject
+        #: The coordinator's (protocol/signing.py): every experiment.json and state this node writes is signed by it.
+        self.signer: Callable[[Any], Any] | None = None
         self._newest_state: StateRecord | None = None
         self._cache: dict[str, tuple[tuple[int, float, str | None], object | None]] = {}
         self._cached_rollouts: dict[int, set[str]] = {}  # round -> rollout paths in _cache (batches are large)
@@ -343,7 +346,7 @@ class Exchange:
         return self._read(self.layout.experiment_file, ExperimentRecord, check_run=False)
 
     def write_experiment(self, record: ExperimentRecord) -> None:
-        self._write(self.layout.experiment_file, record)
+        self._write(self.layout.experiment_file, record if self.signer is None else self.signer(record))
 
     def read_state(self) -> StateRecord | None:
         """The newest state seen so far: an older file (a lagging sync) never wins.
@@ -392,9 +395,12 @@ class Exchange:
             self._state_read_at = time.monotonic()
         return self._read_listed(folder, [entry], StateRecord, check_run=False, inline=not unchanged)[name]
 
-    def write_state(self, record: StateRecord) -> None:
+    def write_state(self, record: StateRecord) -> StateRecord:
+        """Write the state file (signed by :attr:`signer`, when set); returns the record as written."""
+        record = record if self.signer is None else self.signer(record)
         self._write(self.layout.state_file, record)
         self._newest_state = record
+        return record
 
     # -- peers -----------------------------------------------------------------------------
 

@@ -18,6 +18,9 @@ from swarm_gdrive.protocol.records import PeerRecord
 
 logger = logging.getLogger(__name__)
 
+#: Writes of its registration by a process that steps down for an older twin (see _look_for_twin).
+FAREWELL_WRITES = 3
+
 #: Called from the heartbeat thread with the message and whether this process is the one that stops.
 TwinHook = Callable[[str, bool], None]
 
@@ -134,9 +137,13 @@ class Heartbeat:
         )
         logger.error("%s", message)
         if step_down:
-            # One last write of this registration, so that the other process sees it at its next look: each of
-            # this one's writes may have landed between the other's read and its write, and been overwritten unseen.
-            self._write()
+            # Last writes of this registration, so that the other process sees it at one of its next looks: each of
+            # this one's writes may have landed between the other's read and its write, and been overwritten unseen
+            # (one last write was, on a loaded CI machine): a few, apart, so that not all of them can.
+            for n in range(FAREWELL_WRITES):
+                if n:
+                    time.sleep(min(self._interval / 2, 1.0))
+                self._write()
             self.stepped_down = True
             self._stop.set()
         if self._on_twin is not None:

@@ -10,13 +10,24 @@ or unpickled.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 SCHEMA_VERSION = 1
 
@@ -30,6 +41,10 @@ Timestamp = Annotated[float, Field(ge=0)]
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
 Scalar = bool | Int64 | float | str | None
+
+#: An Ed25519 public key and a signature, hex (protocol/signing.py).
+PublicKey = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+Signature = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{128}$")]
 
 #: Limits on what a peer may put in a rollout file.
 MAX_GROUPS_PER_BATCH = 512
@@ -63,22 +78,50 @@ class RecordError(ValueError):
     """Bytes that are not a valid record of the expected kind; the message says why."""
 
 
-class _Record(BaseModel):
+@dataclass(frozen=True)
+class OmitWhen:
+    """A field's marker: the field is left out of the JSON when ``test(value)``, so that a file without a newer
+    field reads as it did before the field existed. pydantic 2.12's ``Field(exclude_if=...)`` does this, but 2.11
+    (Colab's) ignores it: a node there wrote ``"mode":"sync"`` and signed other bytes than the coordinator did."""
+
+    test: Callable[[Any], bool]
+
+
+OMIT_NONE = OmitWhen(lambda value: value is None)
+OMIT_SYNC = OmitWhen(lambda value: value == "sync")
+
+
+@functools.cache
+def _omitted(model: type[BaseModel]) -> tuple[tuple[str, Callable[[Any], bool]], ...]:
+    return tuple(
+        (name, marker.test)
+        for name, field in model.model_fields.items()
+        for marker in field.metadata
+        if isinstance(marker, OmitWhen)
+    )
+
+
+class _Omitting(BaseModel):
+    """Serialises without the fields whose :class:`OmitWhen` test holds, on every pydantic 2 release."""
+
+    @model_serializer(mode="wrap")
+    def _omit(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for name, test in _omitted(type(self)):
+            if name in data and test(getattr(self, name)):
+                del data[name]
+        return data
+
+
+class _Record(_Omitting):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     schema_version: Literal[1] = SCHEMA_VERSION
 
 
-def _is_sync(value: object) -> bool:
-    return value == "sync"
-
-
-def _is_none(value: object) -> bool:
-    return value is None
-
-
 class ExperimentRecord(_Record):
-    """experiment.json: written once by the coordinator."""
+    """experiment.json: written by the coordinator when it creates the experiment (again, unchanged, when it resumes
+    a signed one)."""
 
     kind: Literal["experiment"] = "experiment"
     experiment: NodeId
@@ -89,7 +132,11 @@ class ExperimentRecord(_Record):
     created_at: Timestamp
     #: ROUND_MODE of the run, fixed at its creation: a state of another mode is not this run's (a worker never
     #: plays it, a restarting coordinator recovers from it). Left out of the JSON when ``sync``, as before the field.
-    mode: Literal["sync", "async"] = Field(default="sync", exclude_if=_is_sync)
+    mode: Annotated[Literal["sync", "async"], OMIT_SYNC] = "sync"
+    #: The coordinator's Ed25519 public key (protocol/signing.py), which signs this file and every state of the run.
+    #: None (left out of the JSON) in experiments created before it existed: their states are trusted as before.
+    public_key: Annotated[PublicKey | None, OMIT_NONE] = None
+    signature: Annotated[Signature | None, OMIT_NONE] = None
 
 
 class StateRecord(_Record):
@@ -115,12 +162,12 @@ class StateRecord(_Record):
     #: rounds and ``round`` is no clock (0 while running, ``max_rounds`` once finished, unchanged by a deadline).
     #: Left out of the JSON when ``sync``, so that a synchronous run's state file is what it was before the field
     #: existed.
-    mode: Literal["sync", "async"] = Field(default="sync", exclude_if=_is_sync)
+    mode: Annotated[Literal["sync", "async"], OMIT_SYNC] = "sync"
     #: The coordinator process that wrote the state (random, new at each start): a coordinator tells its own writes
     #: from another's, even one with its NODE_ID. Left out of the JSON when unset, as before the field existed.
-    instance: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")] | None = Field(
-        default=None, exclude_if=_is_none
-    )
+    instance: Annotated[Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")] | None, OMIT_NONE] = None
+    #: Ed25519 by experiment.json's ``public_key`` over the other fields (protocol/signing.py); None when unsigned.
+    signature: Annotated[Signature | None, OMIT_NONE] = None
 
     def is_newer_than(self, other: StateRecord | None) -> bool:
         """Monotonic order by (round, seq): the coordinator increments seq on every write."""
@@ -169,11 +216,7 @@ class Provenance(BaseModel):
     index: Annotated[int, Field(ge=0, le=2**31)]
 
 
-def _is_none(value: object) -> bool:
-    return value is None
-
-
-class RolloutGroup(BaseModel):
+class RolloutGroup(_Omitting):
     """G completions of one question. ``rewards`` are the writer's claim: never used for scoring.
 
     ``stop_reasons``, ``tokenizer`` and ``token_ids`` are optional (records of older versions lack them):
@@ -192,13 +235,13 @@ class RolloutGroup(BaseModel):
     )
     rewards: list[float] = Field(max_length=MAX_COMPLETIONS_PER_GROUP)
     # Left out of the JSON when absent, so that a group without them reads as it did in older versions.
-    stop_reasons: list[StopReason] | None = Field(
-        default=None, max_length=MAX_COMPLETIONS_PER_GROUP, exclude_if=_is_none
+    stop_reasons: Annotated[list[StopReason] | None, OMIT_NONE] = Field(
+        default=None, max_length=MAX_COMPLETIONS_PER_GROUP
     )
-    tokenizer: TokenizerFingerprint | None = Field(default=None, exclude_if=_is_none)
-    token_ids: list[Annotated[list[TokenId], Field(max_length=MAX_COMPLETION_TOKENS)] | None] | None = Field(
-        default=None, max_length=MAX_COMPLETIONS_PER_GROUP, exclude_if=_is_none
-    )
+    tokenizer: Annotated[TokenizerFingerprint | None, OMIT_NONE] = None
+    token_ids: Annotated[
+        list[Annotated[list[TokenId], Field(max_length=MAX_COMPLETION_TOKENS)] | None] | None, OMIT_NONE
+    ] = Field(default=None, max_length=MAX_COMPLETIONS_PER_GROUP)
 
     @model_validator(mode="after")
     def _same_length(self) -> RolloutGroup:

@@ -288,6 +288,23 @@ class ProtocolSettings(StorageSettings):
         "docs/operations.md, 'Two coordinators'.",
         parse_bool,
     )
+    coordinator_key_file: str | None = env_field(
+        "COORDINATOR_KEY_FILE",
+        None,
+        "Coordinator only: the file of its Ed25519 private key, which signs experiment.json and every state "
+        "(created, mode 0600, when absent); unset: {SWARM_LOCAL_DIR}/{EXPERIMENT_NAME}/coordinator_key.pem. Refused "
+        "inside GDRIVE_PATH. Keep it across restarts (the notebooks put it in your own Drive): a coordinator without "
+        "the key of its experiment refuses to resume it (docs/operations.md, 'The coordinator key').",
+        parse_local_dir,
+    )
+    repin_coordinator_key: bool = env_field(
+        "REPIN_COORDINATOR_KEY",
+        False,
+        "Worker only: pin the coordinator key that experiment.json names now, replacing the one this node pinned. "
+        "Only after you reset an experiment whose coordinator key was lost; a pinned worker otherwise ignores an "
+        "experiment.json and states its key did not sign.",
+        parse_bool,
+    )
     report_to: str = env_field(
         "REPORT_TO",
         "none",
@@ -398,6 +415,7 @@ def check_relations(config: ProtocolSettings) -> None:
     for var, folder, what in (
         ("SWARM_LOCAL_DIR", config.local_dir, "its identities and their locks, and restored checkpoints"),
         ("TRACKING_DIR", config.tracking_dir, "its tracker runs"),
+        ("COORDINATOR_KEY_FILE", config.coordinator_key_file, "its private key, which every participant could read"),
     ):
         if folder and inside_shared_folder(folder, config.gdrive_path):
             raise ConfigError(

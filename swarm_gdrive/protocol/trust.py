@@ -1,16 +1,24 @@
 """Which coordinator state a worker may act on: the trust rule of GDRIVE_IMPLEMENTATION.md §5.5.
 
-Anyone with write access to the folder can write a valid state file, and nothing authenticates it. A
-worker therefore plays a state at once only when an honest coordinator could have written it next: the
-same run as experiment.json, the experiment's coordinator (or one already confirmed), and at most one
-round past the newest state it trusts (the coordinator advances one round at a time) and below its
-``max_rounds``. Any other newer state (a jump, ``finished``, ``stopped``, another coordinator) is played only
-once it has stayed in the file for ``confirm_s`` seconds; one that goes away sooner is rejected and never
-played, so a forged state visible for a moment changes nothing. A state of another run ends the worker only when
-experiment.json names that run too, both name the same coordinator, and both have stayed so for ``run_change_s``
-seconds (a real reset); otherwise it is rejected. A participant who rewrites both files at once does not end the
-swarm: the coordinator reads both back every HEARTBEAT_INTERVAL and writes its own again (a forged run change then
-heals by itself), so ``run_change_s`` is longer than that.
+In an experiment whose experiment.json names a coordinator key (protocol/signing.py), the worker pinned that key
+when it joined (``key``): a state the key did not sign is never played, however long it stays, nor does it hide a
+signed one; a run change is followed at once when the key signed both the state and an experiment.json created
+after the worker's run (a reset by the coordinator), never otherwise. A signed state newer than the trusted one is
+trusted at once (the coordinator wrote it), except a ``finished`` one read before any other: that one is played
+only once it stayed ``confirm_s``, so that a finished state of the run put back in place (before MAX_ROUNDS was
+raised) does not end a worker that just started. Older signed states (a replay) are not newer: the memory below.
+
+In an experiment created before keys existed, anyone with write access to the folder can write a valid state file,
+and nothing authenticates it. A worker therefore plays a state at once only when an honest coordinator could have
+written it next: the same run as experiment.json, the experiment's coordinator (or one already confirmed), and at
+most one round past the newest state it trusts (the coordinator advances one round at a time) and below its
+``max_rounds``. Any other newer state (a jump, ``finished``, ``stopped``, another coordinator) is played only once
+it has stayed in the file for ``confirm_s`` seconds; one that goes away sooner is rejected and never played, so a
+forged state visible for a moment changes nothing. A state of another run ends the worker only when experiment.json
+names that run too, both name the same coordinator, and both have stayed so for ``run_change_s`` seconds (a real
+reset); otherwise it is rejected. A participant who rewrites both files at once does not end the swarm: the
+coordinator reads both back every HEARTBEAT_INTERVAL and writes its own again (a forged run change then heals by
+itself), so ``run_change_s`` is longer than that.
 
 The memory works the other way too: when every state the file shows has been older than the trusted
 one, or more than one round behind the worker's own progress, for ``confirm_s`` seconds, the trusted
@@ -26,11 +34,15 @@ from collections.abc import Callable
 
 from swarm_gdrive.protocol.exchange import Exchange, RunChangedError
 from swarm_gdrive.protocol.records import ExperimentRecord, StateRecord
+from swarm_gdrive.protocol.signing import self_signed, short, signed_by
 
 logger = logging.getLogger(__name__)
 
 #: Seconds a suspicious state must stay in the file before a worker acts on it (plus SYNC_LAG).
 CONFIRM_SECONDS = 2.0
+#: Seconds between two log lines (and events) for states the pinned key did not sign: a forger rewriting the file
+#: cannot flood a worker's log.
+UNSIGNED_REPORT_SECONDS = 30.0
 
 RejectHook = Callable[[str, str], None]
 
@@ -47,8 +59,12 @@ class StateFollower:
         on_reject: RejectHook | None = None,
         clock: Callable[[], float] = time.monotonic,
         run_change_s: float | None = None,
+        key: str | None = None,
     ) -> None:
         self.exchange = exchange
+        #: The coordinator key this worker pinned (None: an experiment without one, §5.5's unsigned rule).
+        self.key = key
+        self._unsigned: tuple[float, int] | None = None  # when an unsigned state was last reported, and how many since
         self.experiment = experiment
         self.confirm_s = confirm_s
         #: How long another run must stay in both the state and experiment.json before this worker ends.
@@ -77,6 +93,9 @@ class StateFollower:
         """
         now = self._clock()
         state = self.exchange.read_state_file()
+        if state is not None and self.key is not None and not signed_by(state, self.key):
+            self._reject_unsigned(state, now)  # as if the file were unchanged: a pending signed candidate stays
+            return self.trusted
         if state is None or state.run_id == self.experiment.run_id:
             self._run_change = None  # another run must stay in the file without a break
         if state is None or not self._same_run(state, now):
@@ -115,6 +134,8 @@ class StateFollower:
                 return False
             return True
         now_defined = self.exchange.read_experiment()
+        if self.key is not None:
+            return self._signed_run_change(state, now_defined)
         if (
             now_defined is not None
             and now_defined.run_id == state.run_id
@@ -148,8 +169,42 @@ class StateFollower:
         self._reject(f"run_id {state.run_id} is not experiment.json's ({defined}): not played")
         return False
 
+    def _signed_run_change(self, state: StateRecord, defined: ExperimentRecord | None) -> bool:
+        """A state of another run that the pinned key signed: a reset when experiment.json names that run, signed by
+        the key and created after this worker's run (raises :class:`RunChangedError`); otherwise rejected (an older
+        run of the key put back, or experiment.json not yet written)."""
+        if (
+            defined is not None
+            and defined.run_id == state.run_id
+            and defined.public_key == self.key
+            and self_signed(defined)
+            and defined.created_at > self.experiment.created_at
+        ):
+            raise RunChangedError(
+                f"coordinator key {short(self.key)} signed run {state.run_id}, created after run "
+                f"{self.experiment.run_id}, in the state and in experiment.json"
+            )
+        self._reject(f"run_id {state.run_id} is not this worker's run, and no newer experiment.json of it: not played")
+        return False
+
+    def _reject_unsigned(self, state: StateRecord, now: float) -> None:
+        """A state the pinned key did not sign: never played; one log line (and event) per UNSIGNED_REPORT_SECONDS,
+        with the count of those not reported since."""
+        if self._unsigned is not None and now - self._unsigned[0] < UNSIGNED_REPORT_SECONDS:
+            self._unsigned = (self._unsigned[0], self._unsigned[1] + 1)
+            return
+        more = f" ({self._unsigned[1]} more since the last such line)" if self._unsigned and self._unsigned[1] else ""
+        self._unsigned = (now, 0)
+        self._said = None
+        self._reject(
+            f"round {state.round} seq {state.seq} ({state.status}, run {state.run_id}, by {state.coordinator_id!r}) "
+            f"is not signed by the coordinator key this worker pinned ({short(self.key)}): not played{more}"
+        )
+
     def _suspicion(self, state: StateRecord) -> str | None:
         """Why an honest coordinator could not have written ``state`` next; None if it could."""
+        if self.key is not None and (self.trusted is not None or state.status != "finished"):
+            return None  # signed by the pinned key (read checked it): the coordinator's
         base = self.trusted.round if self.trusted is not None else self._anchor
         if state.coordinator_id not in self._coordinators:
             expected = self.experiment.coordinator_id

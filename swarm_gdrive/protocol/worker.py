@@ -38,6 +38,7 @@ from swarm_gdrive.protocol.records import (
 )
 from swarm_gdrive.protocol.sapo import ScoredGroup, Selection
 from swarm_gdrive.protocol.settings import ProtocolSettings
+from swarm_gdrive.protocol.signing import pin_of, pin_verdict, short
 from swarm_gdrive.protocol.tracking import tracking_for
 from swarm_gdrive.protocol.trust import CONFIRM_SECONDS, StateFollower
 from swarm_gdrive.protocol.workload import StageContext, Workload
@@ -198,16 +199,34 @@ class Worker:
         return f", its training kept in a checkpoint of round {saved}"
 
     def _join(self) -> str:
-        """Wait for the experiment to exist, learn its run id, clean up after a killed predecessor."""
-        experiment = self.exchange.read_experiment()
+        """Wait for the experiment to exist (one its pinned coordinator key signed, §5.5), learn its run id and pin
+        its key, clean up after a killed predecessor."""
+        local = self.identity.read_local()
+        refused: list[str] = []
+
+        def joinable() -> ExperimentRecord | None:
+            experiment = self.exchange.read_experiment()
+            why = None if experiment is None else pin_verdict(local, experiment, self.config.repin_coordinator_key)
+            if why is not None:
+                if not refused or refused[-1] != why:
+                    self._rejected(self.layout.experiment_file, why)
+                    logger.warning("rejected %s: %s", self.layout.experiment_file, why)
+                refused.append(why)
+                return None
+            return experiment
+
+        experiment = joinable()
         if experiment is None:
             logger.info(
                 "no experiment %r yet: waiting up to %g s for its coordinator (COORDINATOR_WAIT_TIMEOUT)",
                 self.config.experiment_name,
                 self.config.coordinator_wait_timeout,
             )
-            experiment = wait_for(
-                self.exchange.read_experiment, self.stop, self.config.coordinator_wait_timeout, self._state_backoff
+            experiment = wait_for(joinable, self.stop, self.config.coordinator_wait_timeout, self._state_backoff)
+        if experiment is None and refused:
+            raise GiveUpError(
+                f"experiment {self.config.experiment_name!r}: for {self.config.coordinator_wait_timeout:g} s "
+                f"(COORDINATOR_WAIT_TIMEOUT) there was no experiment.json this worker may join: {refused[-1]}"
             )
         if experiment is None:
             raise GiveUpError(
@@ -217,9 +236,11 @@ class Worker:
         self.exchange.run_id = experiment.run_id
         self.experiment = experiment
         self._refuse_other_settings(experiment.config)
-        local = self.identity.read_local()
         if local.get("run_id") != experiment.run_id:
             self.identity.write_local(run_id=experiment.run_id, last_round=None)
+        if experiment.public_key is not None and local.get("coordinator_key") != experiment.public_key:
+            logger.info("pinned coordinator key %s of experiment %s", short(experiment.public_key), experiment.run_id)
+        self.identity.write_local(**pin_of(experiment))
         self._own_temp_cleanup(self._local_last_round())
         return experiment.run_id
 
@@ -242,16 +263,23 @@ class Worker:
         """Refuse to join an experiment defined with other settings: its groups, rewards and model would
         not be comparable with the other workers' (the coordinator wrote them into experiment.json)."""
         mine = self.config.fingerprint_fields()
-        differing = [k for k, v in mine.items() if k != "experiment_name" and experiment_config.get(k) != v]
+        keys = list(mine) + [k for k in experiment_config if k not in mine]  # a task field only one side has
+        differing = [k for k in keys if k != "experiment_name" and experiment_config.get(k) != mine.get(k)]
         if not differing:
             return
+        # a setting this node's fingerprint leaves out at its default is shown with that default
         shown = ", ".join(
-            f"{k.upper()}={v!r} (experiment: {experiment_config.get(k)!r})" for k, v in mine.items() if k in differing
+            f"{k.upper()}={mine.get(k, getattr(self.config, k, None))!r} (experiment: {experiment_config.get(k)!r})"
+            for k in differing
         )
+        fixes = ["set the experiment's values on this worker"]
+        if "dataset_rows_hash" in differing:
+            fixes.append("use the same copy of the dataset as the coordinator (DATASET_PATH)")
+        if "chat_template_sha256" in differing:
+            fixes.append("use the coordinator's CHAT_TEMPLATE file")
         message = (
             f"this worker's settings differ from experiment {self.config.experiment_name!r}'s, which its "
-            f"coordinator defined: {shown}: set the experiment's values on this worker (or join another "
-            "EXPERIMENT_NAME)"
+            f"coordinator defined: {shown}: {'; '.join(fixes)} (or join another EXPERIMENT_NAME)"
         )
         self.log.event("worker_refused", message, level="error", differing=[k.upper() for k in differing])
         raise ExperimentMismatchError(message)
@@ -353,6 +381,7 @@ class Worker:
             last,
             CONFIRM_SECONDS + self.config.sync_lag,
             on_reject=self._rejected,
+            key=self.experiment.public_key,
             # past the coordinator's read-back of both files (every HEARTBEAT_INTERVAL), which reverts a forgery
             run_change_s=CONFIRM_SECONDS + self.config.sync_lag + 2 * self.config.heartbeat_interval,
         )
@@ -371,19 +400,21 @@ class Worker:
                 raise CoordinatorStoppedError(state)
             if state.status == "finished":
                 self.log.event("experiment_finished", f"finished after {state.round} rounds", round_=state.round)
+                if target < state.max_rounds:  # it ended while this worker was away (async: without waiting for it)
+                    last_round = state.max_rounds - 1
+                    message = f"the experiment finished before rounds {target}..{last_round} of this worker"
+                    self._skipped(state, target, last_round, message)
                 self._final_end(last, state.run_id)
                 return
             if state.round > target:
-                self.log.event(
-                    "round_skipped",
-                    f"behind: skipping rounds {target}..{state.round - 1}",
-                    round_=state.round,
-                    skipped_from=target,
-                    skipped_to=state.round - 1,
-                )
+                self._skipped(state, target, state.round - 1, f"behind: skipping rounds {target}..{state.round - 1}")
             self.run_round(state)
             last = state.round
             target = state.round + 1
+
+    def _skipped(self, state: StateRecord, first: int, last: int, message: str) -> None:
+        """``round_skipped``: rounds ``first``..``last`` of this worker that it will never play."""
+        self.log.event("round_skipped", message, round_=state.round, skipped_from=first, skipped_to=last)
 
     def _note_mode(self, state: StateRecord) -> None:
         """Say once, at INFO, that this worker's ROUND_MODE is not the experiment's: it follows the experiment's."""

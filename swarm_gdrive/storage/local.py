@@ -294,6 +294,7 @@ class LocalStorage:
         try:
             with _Parent(target, create=False) as parent:
                 try:
+                    _forget_appended(parent.fd, target.name)
                     os.unlink(target.name, dir_fd=parent.fd)  # a link itself goes: unlink never follows one
                 except FileNotFoundError:
                     return
@@ -371,6 +372,7 @@ class LocalStorage:
             os.stat(src.name, dir_fd=source.fd, follow_symlinks=False)  # FileNotFoundError before making dst's parents
             with _Parent(dst, create=True) as target:
                 _replace(source.fd, src.name, target.fd, dst)
+            _forget_appended(source.fd, src.name)
 
 
 class _Parent:
@@ -542,6 +544,7 @@ def _replace(src_fd: int, src_name: str, dst_fd: int, dst: RootedPath) -> None:
 
     A link, FIFO or device at the name is replaced by the rename itself (which never follows it), and said.
     """
+    _forget_appended(dst_fd, dst.name)
     kind = _lkind(dst_fd, dst.name)
     if kind not in (None, "a file", "a folder"):
         _say_removed(dst_fd, dst.name, dst.rel, kind, dst.rel)
@@ -558,6 +561,23 @@ def _replace(src_fd: int, src_name: str, dst_fd: int, dst: RootedPath) -> None:
     raise PathBlockedError(dst.rel, dst.rel, "keeps being replaced by a folder")
 
 
+#: The file each of this process's appends went into last, by (parent folder's device and inode, name): an append
+#: that finds another file under the same name (one swapped in since, even a plain file with a single name, such as
+#: a hard link whose other name was removed between the open and the check) replaces it. Forgotten when this
+#: process replaces, moves or deletes that name itself.
+_appended: dict[tuple[int, int, str], tuple[int, int]] = {}
+
+
+def _append_key(dir_fd: int, name: str) -> tuple[int, int, str]:
+    st = os.fstat(dir_fd)
+    return st.st_dev, st.st_ino, name
+
+
+def _forget_appended(dir_fd: int, name: str) -> None:
+    if _appended:
+        _appended.pop(_append_key(dir_fd, name), None)
+
+
 def _open_for_append(dir_fd: int, target: RootedPath) -> int:
     """The writer's own log opened for appending: the one way this backend writes into an existing file.
 
@@ -567,11 +587,20 @@ def _open_for_append(dir_fd: int, target: RootedPath) -> int:
     names keeps its bytes and its other names); the log goes on in a fresh file. What is checked is the opened
     descriptor (``fstat``), not the name before the open, so a name swapped between a check and the write cannot
     slip through; every append opens and checks again, so a log swapped for a link mid-run is caught at the next.
+    A file that is not the one this process appended to last (:data:`_appended`) is replaced too: a link whose
+    other name went between the open and the check has one name, but it is still not the node's log. The fresh
+    file is created exclusively, so nothing planted in between is taken for it.
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC
+    key = _append_key(dir_fd, target.name)
+    fresh = 0  # O_EXCL once a foreign file was cleared: only a file this call creates is taken
     for _ in range(_MAX_CLEARS):
         try:
-            fd = os.open(target.name, flags, 0o644, dir_fd=dir_fd)
+            fd = os.open(target.name, flags | fresh, 0o644, dir_fd=dir_fd)
+        except FileExistsError:  # planted between the clearing and the exclusive create
+            kind = _lkind(dir_fd, target.name)
+            if kind == "a file":
+                kind = "a file planted where the log was being recreated"
         except OSError as exc:  # ELOOP: a link; EISDIR: a folder; ENXIO: a FIFO nobody reads
             if exc.errno not in (errno.ELOOP, errno.EMLINK, errno.EISDIR, errno.ENXIO):
                 raise
@@ -579,12 +608,17 @@ def _open_for_append(dir_fd: int, target: RootedPath) -> int:
         else:
             st = os.fstat(fd)
             kind = _kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else hard_link_kind(st.st_nlink)
+            known = _appended.get(key)
+            if kind is None and not fresh and known is not None and known != (st.st_dev, st.st_ino):
+                kind = "another file than the log appended to before (swapped in since)"
             if kind is None:  # a plain file with this one name: ours to append to
+                _appended[key] = (st.st_dev, st.st_ino)
                 os.set_blocking(fd, True)
                 return fd
             os.close(fd)
         if kind is not None and kind != "a file":
             _clear(dir_fd, target.name, target.rel, kind, target.rel)
+            fresh = os.O_EXCL
     raise PathBlockedError(target.rel, target.rel, "keeps being replaced by something that is not a file of its own")
 
 

@@ -88,6 +88,7 @@ class StorageSettings(EnvSettings):
         "(Colab: /content/drive/MyDrive/rl-swarm), a Drive-for-desktop folder or any POSIX path. "
         "Required; it must exist and be writable.",
         parse_gdrive_path,
+        required=GDRIVE_PATH_FIX,
     )
     google_application_credentials: str | None = env_field(
         "GOOGLE_APPLICATION_CREDENTIALS",

@@ -9,6 +9,7 @@ check ignores them), which nodes' logs it replaced, and which extra process it s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -90,6 +91,27 @@ def flash_state(scene: Scene, data: bytes, seconds: float = 0.6) -> None:
 
 def _state(scene: Scene) -> StateRecord:
     return decode((scene.folder / LAYOUT.state_file).read_bytes(), StateRecord)
+
+
+def _coordinator_beating(scene: Scene) -> bool:
+    """A coordinator process of the swarm runs and its peer record beat within the last second and a half."""
+    if not any(p.name.startswith("coord") and p.returncode is None for p in scene.swarm.procs):
+        return False
+    try:
+        peer = decode((scene.folder / LAYOUT.peer_file("coord")).read_bytes(), PeerRecord)
+    except (OSError, ValueError):
+        return False
+    return peer.status == "alive" and time.time() - peer.heartbeat_at < 1.5
+
+
+def _furthest_reward_round(scene: Scene) -> int:
+    """The highest round any node has a reward file of (-1: none yet): each worker's own progress in async mode."""
+    rounds = [-1]
+    for folder in (scene.folder / LAYOUT.rewards_dir).glob("round_*"):
+        with contextlib.suppress(ValueError):
+            if any(folder.rglob("*.json")):
+                rounds.append(int(folder.name.removeprefix("round_")))
+    return max(rounds)
 
 
 # -- the classes ---------------------------------------------------------------------------------------
@@ -327,7 +349,25 @@ def forged_run(scene: Scene) -> Planted:
 
 def rival_coordinator(scene: Scene) -> Planted:
     """A second coordinator (another NODE_ID, another machine) started with RESET_EXPERIMENT=true while the
-    first runs: it must refuse to start (exit code 2) and change nothing (class 3). The trial judges its exit."""
+    first runs: it must refuse to start (exit code 2) and change nothing (class 3). The trial judges its exit.
+
+    Not started in the last round or later (a fast trial can end before the planter acts, or before the second
+    coordinator reads the state, about a second after its start): a coordinator started with RESET_EXPERIMENT=true
+    after the end, without the first one's key, is the operator's documented reset (a new run, a new key), not a
+    rival (seed 30 of run --classes forged_run,rival_coordinator, trial 37)."""
+    state = _state(scene)
+    if state.status == "finished" or state.round >= state.max_rounds - 1:
+        return Planted(f"rival_coordinator not started: round {state.round} ({state.status}) is the last")
+    if not _coordinator_beating(scene):
+        # With no coordinator alive (killed, not yet restarted), RESET_EXPERIMENT=true is the operator's reset of an
+        # abandoned experiment, indistinguishable from a participant moving it away (deletions: §13, not stopped);
+        # the restarted coordinator then refuses (another key) and the workers give up (not their pinned key).
+        return Planted("rival_coordinator not started: no coordinator beats now (killed, not yet back)")
+    furthest = _furthest_reward_round(scene)
+    if state.mode == "async" and furthest >= state.max_rounds - 2:
+        # The async state's round stays where the run began: the workers' own rounds tell how near the end it is, and
+        # a fast worker plays its last two rounds within the second coordinator's start (seed 32, trials 6 and 14).
+        return Planted(f"rival_coordinator not started: a worker has played round {furthest}, near the last")
     proc = scene.swarm.start(
         "rival",
         node="coord2",

@@ -20,6 +20,7 @@ from faultkit import (
     Watcher,
     assert_every_round_submitted,
     assert_swarm_finished,
+    coordinator_key,
     events,
     faults,
     leftovers,
@@ -125,7 +126,9 @@ def test_hostile_files_are_rejected_with_their_reasons_and_nothing_forged_is_tra
         other = "sync" if round_mode == "async" else "async"
         wait_until(lambda: _readable_state(folder), 30, "the coordinator's state back", swarm.procs)
         real = read_record(folder, LAYOUT.state_file, StateRecord)
-        switched = encode(real.model_copy(update={"mode": other, "seq": real.seq + 1}))
+        # signed by the coordinator's key, so that the mode, not the signature, is what rejects it
+        switched = real.model_copy(update={"mode": other, "seq": real.seq + 1, "signature": None})
+        switched = encode(coordinator_key(swarm).sign(switched))
         why = f"mode {other} is not experiment.json's ({round_mode})"
         plant_state_until_rejected(folder, switched, why, [w1, w2], swarm.procs)
         if round_mode == "async":  # live "workers" from now on: the coordinator opens the run without waiting for w3

@@ -176,6 +176,39 @@ def test_a_log_swapped_for_a_hard_link_mid_run_is_caught_at_the_next_append(
     check_lines(own_plain_file(root / rel), writer, [3, 4])
 
 
+def test_a_link_whose_other_name_went_before_the_check_is_not_appended_to(place: tuple[Path, Path]) -> None:
+    """The race of a link planted and its other name removed between the node's open and its check: the file at the
+    log's name is then a plain file with one name, yet not the log. The local backend remembers the file it appended
+    to last and replaces any other (the fsspec backend rewrites by rename, so it never appends in place)."""
+    root, victim = place
+    storage = BACKENDS["local"](root)
+    rel = f"{LAYOUT.root}/logs/w1/raw.jsonl"
+    storage.append_bytes(rel, b'{"v": 1}\n')
+    plant_hard_link(root, rel, victim)
+    victim.unlink()  # the other name goes: the planted file now has one name, the log's
+    assert os.lstat(root / rel).st_nlink == 1
+    storage.append_bytes(rel, b'{"v": 2}\n')
+    assert own_plain_file(root / rel) == b'{"v": 2}\n'  # a fresh log: not a byte of the planted file
+
+
+def test_the_log_is_kept_across_a_restart_and_a_rewrite_by_its_own_writer(tmp_path: Path) -> None:
+    """What the memory of the appended file must not break: a restarted node (a new process: nothing remembered)
+    goes on in its log, and a log this process rewrote or moved itself is appended to, not replaced."""
+    from swarm_gdrive.storage import local
+
+    storage = BACKENDS["local"](tmp_path)
+    rel = f"{LAYOUT.root}/logs/w1/raw.jsonl"
+    storage.append_bytes(rel, b"1\n")
+    local._appended.clear()  # what a restarted process remembers
+    storage.append_bytes(rel, b"2\n")
+    storage.write_bytes(rel, b"rewritten\n")
+    storage.append_bytes(rel, b"3\n")
+    storage.move(rel, rel + ".old")
+    storage.move(rel + ".old", rel)
+    storage.append_bytes(rel, b"4\n")
+    assert own_plain_file(tmp_path / rel) == b"rewritten\n3\n4\n"
+
+
 def test_a_swapper_racing_the_appends_never_gets_a_byte_outside(place: tuple[Path, Path], backend: str) -> None:
     """The link is planted again and again while the node appends: the check is made on what was opened (local) or
     the write is a rename (file://), so no window between a check and the write lets a line into the victim."""

@@ -2,11 +2,13 @@
 start (exit code 2) unless COORDINATOR_TAKEOVER=true, and then the first one yields (exit code 2) instead of
 rewriting the state against it; two started together end with one. A participant who rewrites experiment.json and
 the state with another run for a few seconds ends no worker: the coordinator writes both back, and a worker
-restarted afterwards joins the real run."""
+restarted afterwards joins the real run. Nor does one whose forgery stays while the coordinator is paused, not even
+for a worker restarted meanwhile: the coordinator key did not sign it (§5.5)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -18,6 +20,7 @@ from faultkit import (
     assert_every_round_submitted,
     assert_swarm_finished,
     events,
+    faults,
     read_record,
     rewards_present,
     swarm_env,
@@ -25,6 +28,7 @@ from faultkit import (
 )
 
 from swarm_gdrive.protocol.records import ExperimentRecord, PeerRecord, RecordError, StateRecord, decode, encode
+from swarm_gdrive.protocol.signing import CoordinatorKey
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -59,17 +63,23 @@ class StateWriters(threading.Thread):
         self.join(timeout=5)
 
 
-def running_swarm(tmp_path: Path, rounds: int = ROUNDS, **extra: object) -> tuple[Path, Swarm, StateWriters]:
-    """A coordinator and w1, w2 playing round 1 (of ``rounds``), the state's writers watched."""
+def running_swarm(
+    tmp_path: Path, rounds: int = ROUNDS, hold: Path | None = None, **extra: object
+) -> tuple[Path, Swarm, StateWriters]:
+    """A coordinator and w1, w2 playing round 1 (of ``rounds``), the state's writers watched. ``hold``: w1 waits in
+    round 1 (its heartbeat beating) until the test writes ``hold/released``, so the run cannot end meanwhile."""
     folder = tmp_path / "drive"
     folder.mkdir()
     env = swarm_env(folder, MAX_ROUNDS=rounds, MIN_WORKERS=2, **extra)
-    swarm = Swarm(folder, env, ["w1", "w2"])
+    park = {"point": "generate", "round": 1, "dir": str(hold), "until": "released"}
+    swarm = Swarm(folder, env, ["w1", "w2"], extra={"w1": faults(park=park)} if hold is not None else {})
     writers = StateWriters(folder)
     writers.start()
     swarm.start_all()
     state = folder / LAYOUT.state_file
     wait_until(lambda: state.exists() and b'"round":1,' in state.read_bytes(), 90, "round 1", swarm.procs)
+    if hold is not None:
+        wait_until((hold / "parked").exists, 90, "w1 held in round 1", swarm.procs)
     return folder, swarm, writers
 
 
@@ -84,10 +94,13 @@ def error_line(proc) -> str:
 
 
 def test_a_second_coordinator_beside_a_live_one_refuses_to_start_and_the_swarm_goes_on(tmp_path):
-    folder, swarm, writers = running_swarm(tmp_path)
+    hold = tmp_path / "hold"  # on a loaded machine the second one's start alone can outlast the run (CI saw it)
+    folder, swarm, writers = running_swarm(tmp_path, hold=hold)
     try:
         second = second_coordinator(swarm)
-        assert second.wait(timeout=60) == 2, second.lines[-20:]
+        code = second.wait(timeout=60)
+        (hold / "released").write_text("")
+        assert code == 2, second.lines[-20:]
         codes = swarm.wait(timeout=180)
     finally:
         swarm.stop()
@@ -145,7 +158,22 @@ def test_two_coordinators_started_together_end_with_one(tmp_path):
         wait_until(lambda: one.returncode is not None or two.returncode is not None, 60, "one exits", swarm.procs)
         loser, winner = (one, two) if one.returncode is not None else (two, one)
         assert loser.returncode == 2, loser.lines[-20:]
-        # Workers once one is left (those started before may have joined the loser's run, and exit to be restarted).
+        # Workers once one is left and experiment.json names the winner's run: the loser's, still there for the
+        # seconds the winner watches before it writes its own back, would be pinned by a worker joining then (that
+        # worker exits 3 after COORDINATOR_WAIT_TIMEOUT, told to rejoin with REPIN_COORDINATOR_KEY=true; CI saw it
+        # once). The winner may also have resumed the run the loser created (it read the loser's experiment.json
+        # first): then that file is the winner's run and stays, naming the loser as its creator (CI saw it once).
+        own = "coord" if winner is one else "coord2"
+
+        def winners_run() -> bool:
+            try:
+                state = read_record(folder, LAYOUT.state_file, StateRecord)
+                experiment = read_record(folder, LAYOUT.experiment_file, ExperimentRecord)
+            except FileNotFoundError:
+                return False
+            return state.coordinator_id == own and state.run_id == experiment.run_id
+
+        wait_until(winners_run, 60, "experiment.json of the winner's run", swarm.procs)
         swarm.start("w1")
         swarm.start("w2")
         codes = swarm.wait(timeout=180)
@@ -211,6 +239,51 @@ def test_a_forged_run_change_in_both_files_ends_no_worker_and_heals(tmp_path):
         e.message for e in events(folder, "coord") if e.event == "state_restored" and "experiment.json" in e.message
     ]
     assert restored and all(f"run_id '{FORGED_RUN}'" in m for m in restored), restored
+
+
+@pytest.mark.parametrize("signed_by", ["copied", "own_key"])
+def test_a_forged_run_change_that_stays_ends_no_worker_and_a_worker_restarted_meanwhile_joins_the_real_run(
+    tmp_path, signed_by
+):
+    """The coordinator paused for 8 s (a worker's run-change window is 2.6 s) with both files naming another run:
+    copied from the real ones (their signatures no longer match), or signed by the forger's own key. w2 is killed and
+    started again meanwhile: it waits, then joins the real run once the coordinator writes it back."""
+    folder, swarm, writers = running_swarm(tmp_path, 12, SYNTHETIC_STEP_SECONDS=1.5)
+    coordinator, w1, w2 = swarm.procs
+    experiment = read_record(folder, LAYOUT.experiment_file, ExperimentRecord)
+    mallory = CoordinatorKey.load_or_create(tmp_path / "mallory.pem")
+    try:
+        coordinator.proc.send_signal(signal.SIGSTOP)
+        try:
+            real = read_record(folder, LAYOUT.state_file, StateRecord)
+            fake_experiment = experiment.model_copy(update={"run_id": FORGED_RUN})
+            fake = real.model_copy(update={"run_id": FORGED_RUN, "seq": real.seq + 1})
+            if signed_by == "own_key":
+                fake_experiment = mallory.sign(fake_experiment.model_copy(update={"public_key": mallory.public}))
+                fake = mallory.sign(fake)
+            plant(folder / LAYOUT.experiment_file, encode(fake_experiment))
+            plant(folder / LAYOUT.state_file, encode(fake))
+            w2.kill()
+            swarm.procs.remove(w2)
+            again = swarm.start("w2")  # its pin (key, run) is in its node-local record
+            time.sleep(8.0)
+            assert w1.returncode is None and again.returncode is None, swarm.tails()
+            assert read_record(folder, LAYOUT.experiment_file, ExperimentRecord).run_id == FORGED_RUN  # it stayed
+        finally:
+            coordinator.proc.send_signal(signal.SIGCONT)
+        codes = swarm.wait(timeout=180)
+    finally:
+        swarm.stop()
+        writers.stop()
+    assert codes == {"coord": 0, "w1": 0, "w2": 0}, swarm.tails()
+    state = assert_swarm_finished(folder, 12)
+    assert state.run_id == experiment.run_id
+    for w in ("w1", "w2"):
+        assert not [e for e in events(folder, w) if e.event == "worker_gave_up"]
+        assert {r.run_id for r in rewards_present(folder, w).values()} == {experiment.run_id}
+    assert_every_round_submitted(folder, "w1", range(12))
+    said = [e.message for e in events(folder, "w2") if e.event == "file_rejected" and "experiment.json" in e.message]
+    assert said, again.lines[-20:]
 
 
 def test_a_takeover_with_a_reset_starts_a_new_run_and_the_old_coordinator_yields(tmp_path):

@@ -1,6 +1,8 @@
-"""What a worker believes of the folder (GDRIVE_IMPLEMENTATION.md §5.5, §7): a forged state visible for a moment is
-never played, one that stays is played but cannot brick the worker, a poisoned local record is reconciled with the
-coordinator's state, and a second process with the same NODE_ID is refused at start or stops once it sees the other."""
+"""What a worker believes of the folder (GDRIVE_IMPLEMENTATION.md §5.5, §7): a forged state is never played when the
+experiment has a coordinator key, however long it stays, also by a worker restarted meanwhile; in an experiment
+created before keys existed one visible for a moment is never played, and one that stays is played but cannot brick
+the worker; a poisoned local record is reconciled with the coordinator's state, and a second process with the same
+NODE_ID is refused at start or stops once it sees the other."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from faultkit import (
     assert_every_round_submitted,
     assert_swarm_finished,
     events,
+    faults,
     read_record,
     swarm_env,
     wait_until,
@@ -53,13 +56,35 @@ def forged(real: StateRecord, variant: str) -> StateRecord:
     return real.model_copy(update={**change, "updated_at": time.time()})
 
 
-def two_workers_waiting(tmp_path: Path, **extra: object) -> tuple[Path, Swarm]:
-    """A coordinator waiting for 3 workers, and w1 and w2 joined and polling the state."""
+def without_key(folder: Path, swarm: Swarm) -> None:
+    """Make the swarm's new experiment one created before coordinator keys existed: the coordinator killed once its
+    files are there, experiment.json and the state written back without key and signature, its key file and its copy
+    of experiment.json removed, and the coordinator started again (it resumes the experiment unsigned)."""
+    first = swarm.procs[-1]
+    wait_until((folder / LAYOUT.state_file).exists, 60, "the state", swarm.procs)
+    first.kill()
+    swarm.procs.remove(first)
+    experiment = read_record(folder, LAYOUT.experiment_file, ExperimentRecord)
+    replace(
+        folder / LAYOUT.experiment_file, encode(experiment.model_copy(update={"public_key": None, "signature": None}))
+    )
+    state = read_record(folder, LAYOUT.state_file, StateRecord)
+    replace(folder / LAYOUT.state_file, encode(state.model_copy(update={"signature": None})))
+    for kept in (folder.parent / f"{folder.name}-local" / LAYOUT.experiment).glob("*.*"):
+        kept.unlink()  # coordinator_key.pem and faults.signed-experiment.json
+    swarm.start("coord")
+
+
+def two_workers_waiting(tmp_path: Path, keyed: bool = True, **extra: object) -> tuple[Path, Swarm]:
+    """A coordinator waiting for 3 workers, and w1 and w2 joined and polling the state. ``keyed``: the experiment
+    has a coordinator key (else :func:`without_key`)."""
     folder = tmp_path / "drive"
     folder.mkdir()
     env = swarm_env(folder, MAX_ROUNDS=ROUNDS, MIN_WORKERS=3, COORDINATOR_WAIT_TIMEOUT=20, **extra)
     swarm = Swarm(folder, env, ["w1", "w2", "w3"])
     swarm.start("coord")
+    if not keyed:
+        without_key(folder, swarm)
     swarm.start("w1")
     swarm.start("w2")
     joined = [folder / LAYOUT.peer_file(w) for w in ("w1", "w2")]
@@ -90,7 +115,8 @@ def assert_finished_normally(folder: Path, swarm: Swarm, also_played: frozenset[
     ],
 )
 def test_a_forged_state_visible_for_under_a_second_is_never_played(tmp_path, variant, reason):
-    folder, swarm = two_workers_waiting(tmp_path)
+    """In an experiment created before coordinator keys existed: the confirm window."""
+    folder, swarm = two_workers_waiting(tmp_path, keyed=False)
     try:
         state_file = folder / LAYOUT.state_file
         real = state_file.read_bytes()
@@ -125,9 +151,9 @@ def test_a_forged_state_visible_for_under_a_second_is_never_played(tmp_path, var
 
 def test_a_forged_state_that_stays_is_played_but_the_worker_returns_to_the_coordinators_rounds(tmp_path):
     """A running coordinator writes its own state back within a HEARTBEAT_INTERVAL, so only while it is down can a
-    forgery stay: then it is played; the restarted coordinator does not resume from it (round 50 is beyond
-    MAX_ROUNDS) and the workers return to its rounds."""
-    folder, swarm = two_workers_waiting(tmp_path)
+    forgery stay: then it is played (in an experiment created before coordinator keys existed); the restarted
+    coordinator does not resume from it (round 50 is beyond MAX_ROUNDS) and the workers return to its rounds."""
+    folder, swarm = two_workers_waiting(tmp_path, keyed=False)
     try:
         swarm.procs[0].kill()
         state_file = folder / LAYOUT.state_file
@@ -145,6 +171,48 @@ def test_a_forged_state_that_stays_is_played_but_the_worker_returns_to_the_coord
         (back,) = [e for e in log if e.event == "progress_reconciled"]
         assert (back.data["from_round"], back.data["to_round"]) == (51, 0), back
         assert any("round 50 seq 1000000, played earlier, was not the coordinator's" in e.message for e in log)
+
+
+@pytest.mark.parametrize("variant", ["finished", "stopped", "far_ahead", "other_run", "other_coordinator"])
+def test_a_forged_state_that_stays_past_the_window_is_never_played_when_the_experiment_has_a_key(tmp_path, variant):
+    """The coordinator paused for 6 s (more than twice a worker's confirm window, 2 s): the forged state, unsigned,
+    stays all that time; w2 is killed and started again meanwhile. Neither worker plays it nor exits; once the
+    coordinator goes on, the experiment ends normally."""
+    folder, swarm = two_workers_waiting(tmp_path)
+    coordinator, w1, w2 = swarm.procs
+    try:
+        state_file = folder / LAYOUT.state_file
+        real = state_file.read_bytes()
+        fake = forged(read_record(folder, LAYOUT.state_file, StateRecord), variant)
+        coordinator.proc.send_signal(signal.SIGSTOP)
+        try:
+            replace(state_file, encode(fake))
+            said = "is not signed by the coordinator key this worker pinned"
+            wait_until(lambda: any(said in x for x in w1.lines), 30, "w1 rejects it", [])
+            w2.kill()
+            swarm.procs.remove(w2)
+            again = swarm.start("w2")  # its pin is in its node-local record, as before the restart
+            wait_until(lambda: any(said in x for x in again.lines), 30, "the restarted w2 rejects it", [])
+            time.sleep(max(0.0, 6.0 - 0.5))
+            assert w1.returncode is None and again.returncode is None, swarm.tails()
+            assert state_file.read_bytes() == encode(fake)  # it stayed
+            replace(state_file, real)
+        finally:
+            coordinator.proc.send_signal(signal.SIGCONT)
+        swarm.start("w3")
+        codes = swarm.wait(timeout=120)
+    finally:
+        swarm.stop()
+    assert codes == {"coord": 0, "w1": 0, "w2": 0, "w3": 0}, swarm.tails()
+    assert_swarm_finished(folder, ROUNDS)
+    for w in ("w1", "w2", "w3"):
+        assert_every_round_submitted(folder, w, range(ROUNDS))
+    played = {p.name for p in (folder / LAYOUT.rewards_dir).iterdir()}
+    assert played == {f"round_{r}" for r in range(ROUNDS)}, played
+    for w in ("w1", "w2"):
+        assert not [e for e in events(folder, w) if e.event in ("round_skipped", "progress_reconciled")]
+        rejected = [e.message for e in events(folder, w) if e.event == "file_rejected"]
+        assert rejected and all("is not signed by the coordinator key" in m for m in rejected), rejected
 
 
 def test_a_worker_whose_local_record_says_a_round_never_opened_goes_on_with_the_coordinators(tmp_path):
@@ -178,13 +246,18 @@ def test_a_second_process_with_a_running_nodes_id_refuses_to_start(tmp_path):
     folder = tmp_path / "drive"
     folder.mkdir()
     env = swarm_env(folder, MAX_ROUNDS=6, MIN_WORKERS=2)
-    swarm = Swarm(folder, env, ["w1", "w2"])
+    # w1 waits in round 1 (its heartbeat beating) until the twin is done: on a loaded machine the twin's start
+    # alone can outlast the 6 rounds, and a twin of a finished experiment has nobody to collide with.
+    parked = tmp_path / "parked"
+    park = {"point": "generate", "round": 1, "dir": str(parked), "until": "released"}
+    swarm = Swarm(folder, env, ["w1", "w2"], extra={"w1": faults(park=park)})
     try:
         swarm.start_all()
-        state = folder / LAYOUT.state_file
-        wait_until(lambda: state.exists() and b'"round":1,' in state.read_bytes(), 60, "round 1", swarm.procs)
+        wait_until((parked / "parked").exists, 60, "w1 in round 1", swarm.procs)
         twin = swarm.start("twin", node="w1", SWARM_LOCAL_DIR=str(tmp_path / "elsewhere"))
-        assert twin.wait(timeout=30) == 2, twin.lines[-5:]
+        code = twin.wait(timeout=60)
+        (parked / "released").write_text("")
+        assert code == 2, twin.lines[-5:]
         codes = swarm.wait(timeout=120)
     finally:
         swarm.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from hostile_mix import Planted, Planter, Scene
 
 from swarm_gdrive.protocol.layout import parse_round_dir
 from swarm_gdrive.protocol.records import ExperimentRecord, RecordError, RewardRecord, StateRecord, decode
+from swarm_gdrive.protocol.signing import signed_by
 from swarm_gdrive.storage import LocalStorage
 
 WORKERS = ["w1", "w2", "w3"]
@@ -126,14 +128,19 @@ def run_kill_trial(
 
 
 def _check_cleanup(swarm: Swarm, folder: Path, victim: str, point: str) -> None:
-    """A kill mid-write left a half-written temporary; the restarted node (its only writer) removed it."""
+    """A kill mid-write left a half-written temporary; the restarted node (its only writer) removed it, and with it
+    any other its killed process left (a heartbeat or log flush caught mid-write at the same instant), so none of
+    its temporaries is left in the shared folder."""
     if point not in ("publish", "submit", "state"):
         return
     if victim == "coord":
-        assert any("removed 1 temporary files" in line for line in swarm.procs[-1].lines), swarm.tails()
+        said = [re.search(r"removed (\d+) temporary files", line) for line in swarm.procs[-1].lines]
+        cleaned = [int(m.group(1)) for m in said if m]
     else:
         cleaned = [e.data["count"] for e in events(folder, victim) if e.event == "temporaries_removed"]
-        assert cleaned == [1], cleaned
+    assert len(cleaned) == 1 and cleaned[0] >= 1, (cleaned, swarm.tails())
+    left = [str(p.relative_to(folder)) for p in folder.rglob(".*.tmp") if p.is_file()]
+    assert not left, f"temporaries left after {victim}'s restart: {left}"
 
 
 def _state(folder: Path) -> StateRecord | None:
@@ -168,8 +175,12 @@ def _check_restart(folder: Path, victim: str, state_at_kill: StateRecord | None,
         if recovered:  # the state it found was not one to resume from (planted, unreadable): it said where it went on
             assert resumed[0].round == recovered[-1].round, (resumed, recovered)
             return resumed[0].round
-        run_id = read_record(folder, LAYOUT.experiment_file, ExperimentRecord).run_id
-        if state_at_kill is None or state_at_kill.run_id != run_id or state_at_kill.coordinator_id != "coord":
+        experiment = read_record(folder, LAYOUT.experiment_file, ExperimentRecord)
+        genuine = state_at_kill is not None and state_at_kill.run_id == experiment.run_id
+        genuine = genuine and state_at_kill.coordinator_id == "coord"
+        if genuine and experiment.public_key is not None:  # a copy in the coordinator's name, unsigned: planted
+            genuine = signed_by(state_at_kill, experiment.public_key)
+        if not genuine:
             return resumed[0].round  # unreadable or planted at the kill, and gone by the restart: nothing to compare
         assert resumed[0].round == state_at_kill.round, (resumed, state_at_kill)
         return resumed[0].round
@@ -182,8 +193,12 @@ def _check_restart(folder: Path, victim: str, state_at_kill: StateRecord | None,
     expected = max(completed) + 1 if completed else 0
     allowed = {expected} if point != "random" else {expected, expected - 1}
     after = played_rounds(folder, victim, after=restart, torn_ok=torn_ok)
-    assert after, f"{victim} played nothing after its restart"
     skips = [e for e in log if e.event == "round_skipped" and e.ts >= restart]
+    if not after:  # the experiment finished while it was away (async ends without a dead worker), and it says so
+        gone = set(range(skips[0].data["skipped_from"], ROUNDS)) if skips else {-1}
+        assert gone <= skipped_rounds(folder, victim, torn_ok), f"{victim} played nothing after its restart: {skips}"
+        assert skips[0].data["skipped_from"] in allowed, (completed, skips)
+        return skips[0].data["skipped_from"]
     if skips:
         assert skips[0].data["skipped_from"] in allowed and after[0] == skips[0].data["skipped_to"] + 1, (skips, after)
     else:
@@ -250,6 +265,9 @@ class MixedResult:
     unable_to_restart: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: The run id of the rival coordinator's new run when it came too late and reset the finished run (the
+    #: operator's reset, undone for the judge: :func:`_undo_a_reset_after_the_end`); None otherwise.
+    reset_after_the_end: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -378,7 +396,7 @@ def run_mixed_trial(tmp: Path, cls: str, seed: int, sink=None, round_mode: str =
         except (AssertionError, OSError, ValueError) as exc:  # the swarm broke down before the kill
             result.problems.append(f"no kill in round {result.kill_round}: {str(exc)[:300]}")
         planter.join(timeout=60)
-        codes = _wait_all(result, swarm, timeout=120)
+        codes = _wait_all(result, swarm, 120, lambda: _undo_a_reset_after_the_end(result, swarm, run_id, tmp))
     finally:
         if planter is not None:
             planter.halt.set()
@@ -386,6 +404,9 @@ def run_mixed_trial(tmp: Path, cls: str, seed: int, sink=None, round_mode: str =
         watcher.stop()
     planted = planter.planted or Planted(f"{cls} (not planted: {planter.error or 'the run ended first'})")
     result.planted = planted.what
+    if result.reset_after_the_end is not None:
+        result.planted += " (it came after the end and reset the finished run: the operator's reset, undone)"
+        planted.forged_runs.add(result.reset_after_the_end)  # its new run's states, seen by the watcher
     _judge_exits(result, codes, swarm, planted)
     _judge(result, "files", lambda: _judge_files(result, swarm, watcher, planted, victim, killed, round_mode))
     if killed is not None and not result.unable_to_restart:
@@ -410,18 +431,64 @@ def _judge(result: MixedResult, what: str, check) -> None:
         result.problems.append(f"checking {what}: {type(exc).__name__}: {str(exc)[:500]}")
 
 
-def _wait_all(result: MixedResult, swarm: Swarm, timeout: float) -> dict[str, int]:
-    """Exit codes of the processes not killed by the trial; those still running after ``timeout`` are problems."""
+def _wait_all(result: MixedResult, swarm: Swarm, timeout: float, before_extras=None) -> dict[str, int]:
+    """Exit codes of the processes not killed by the trial; those still running after ``timeout`` are problems.
+    The swarm's own nodes are waited for first, then ``before_extras()`` runs, then a planter's processes."""
     deadline = time.monotonic() + timeout
     codes = {}
-    for p in list(swarm.procs):
-        if p.returncode == -9:
+    extras = [p for p in swarm.procs if p.name in ("twin", "rival")]
+    for p in [*(p for p in swarm.procs if p not in extras), None, *extras]:
+        if p is None:
+            if before_extras is not None:
+                before_extras()
+            continue
+        if p.returncode == -9 or (p.name == "rival" and result.reset_after_the_end is not None):
             continue
         try:
             codes[p.name] = p.wait(timeout=max(deadline - time.monotonic(), 0.1))
         except Exception:  # noqa: BLE001 - still running: stopped below, reported here
             result.problems.append(f"{p.name} did not finish within {timeout:g} s: {_last_lines(p)}")
     return codes
+
+
+def _undo_a_reset_after_the_end(result: MixedResult, swarm: Swarm, run_id: str, tmp: Path) -> None:
+    """The rival coordinator is started while the run plays, but reads the state about a second later: a fast async
+    run can finish meanwhile, and RESET_EXPERIMENT=true over a finished run is the operator's documented reset
+    (GDRIVE_IMPLEMENTATION.md §8; a new run, a new key), which archives it and waits for the workers of its new
+    run. Then the rival is stopped and the finished run is put back where the judge reads it: the trial judges the
+    swarm's run (seed 33 of the async run of issue 30's classes, trial 8). Called once the swarm's own nodes have
+    exited: a rival still watching the coordinator's heartbeat (at most LIVENESS_TIMEOUT) is waited for until it
+    either exits or has moved the finished run (seed 42 of that run, trials 20 and 27)."""
+    from swarm_gdrive.procs import stop_all
+
+    rival = next((p for p in swarm.procs if p.name == "rival"), None)
+    state_file = Path(LAYOUT.state_file).relative_to(LAYOUT.root)
+
+    def archived_finished_run() -> Path | None:
+        for archived in sorted((swarm.folder / LAYOUT.archive_root).glob("reset_*")):
+            try:
+                state = decode((archived / state_file).read_bytes(), StateRecord)
+            except (OSError, RecordError):
+                continue
+            if state.run_id == run_id and state.status == "finished":
+                return archived
+        return None
+
+    deadline = time.monotonic() + float(swarm.env["LIVENESS_TIMEOUT"]) + 20
+    archived = None
+    while rival is not None and rival.returncode is None and time.monotonic() < deadline:
+        archived = archived_finished_run()
+        if archived is not None:
+            break
+        time.sleep(0.1)
+    if archived is None:
+        return
+    stop_all([rival], timeout=10)
+    new_run = tmp / "the-rivals-new-run"
+    os.replace(swarm.folder / LAYOUT.root, new_run)
+    os.replace(archived, swarm.folder / LAYOUT.root)
+    experiment = Path(LAYOUT.experiment_file).relative_to(LAYOUT.root)
+    result.reset_after_the_end = decode((new_run / experiment).read_bytes(), ExperimentRecord).run_id
 
 
 def _wait_for_round(swarm: Swarm, round_: int, round_mode: str = "sync") -> None:

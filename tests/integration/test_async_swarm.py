@@ -107,6 +107,21 @@ def test_an_async_swarm_plays_every_round_of_every_worker_once_and_finishes(tmp_
     ]
 
 
+def test_a_worker_back_after_an_async_run_ended_without_it_says_which_rounds_it_did_not_play(tmp_path):
+    """An async run ends once the live workers are done, without a worker that is down; that one, back, finds the
+    experiment finished: it exits 0 and logs ``round_skipped`` for the rounds it never played."""
+    env = env_for(tmp_path, MAX_ROUNDS=3, MIN_WORKERS=2, SYNTHETIC_STEP_SECONDS=0.02)
+    assert join(start(env, {"w1": {}, "w2": {}})) == [0, 0, 0]
+    late = Node({**env, "NODE_ROLE": "worker", "NODE_ID": "w3"})
+    late.start()
+    late.join(60)
+    assert late.code == 0
+    skipped = [e for e in events_of(tmp_path, "w3") if e.event == "round_skipped"]
+    assert [(e.data["skipped_from"], e.data["skipped_to"]) for e in skipped] == [(0, 2)]
+    assert skipped[0].message == "the experiment finished before rounds 0..2 of this worker"
+    assert rewarded(tmp_path, "w3") == []
+
+
 def test_the_fast_worker_never_waits_for_the_slow_one_and_takes_its_groups(tmp_path):
     """A worker with 0.5 s of compute a stage beside one with 3 s: the fast one plays all its rounds while the
     slow one is still in its first ones, and trains on the slow one's groups, recorded with their staleness. (The

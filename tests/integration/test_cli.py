@@ -242,10 +242,20 @@ def test_status_watch_follows_a_run_until_ctrl_c(tmp_path):
         deadline = time.monotonic() + 30
         while not (folder / "experiments/cli/state").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
+        # The command runs as in a terminal's foreground, where Ctrl-C reaches it: SIGINT at its default and not
+        # blocked, whatever this test process holds. CI starts the suite as a background job of a non-interactive
+        # shell, which POSIX starts with SIGINT ignored, and every child inherits that: the child then ignored
+        # SIGINT for 30 s, its main thread still in the --watch loop (seen twice).
+
+        def foreground() -> None:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
         watch = subprocess.Popen(
             [sys.executable, "-m", "swarm_gdrive", "status", "--folder", str(folder), "--experiment", "cli",
              "--watch", "0.3"],
-            env={**clean, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**clean, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=foreground,
         )  # fmt: skip
         # Ctrl-C once it has redrawn 3 times (not after a fixed 3 s: on a loaded machine its start alone took that).
         lines: list[str] = []
@@ -260,8 +270,17 @@ def test_status_watch_follows_a_run_until_ctrl_c(tmp_path):
         while sum(line.startswith("--- ") for line in list(lines)) < 3 and watch.poll() is None:
             assert time.monotonic() < deadline, "".join(lines)
             time.sleep(0.05)
+        status = Path(f"/proc/{watch.pid}/status")
+        signals = [x for x in status.read_text().splitlines() if x.startswith("Sig")] if status.exists() else []
         watch.send_signal(signal.SIGINT)
-        watch.wait(timeout=30)
+        try:
+            watch.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # where it hangs: faulthandler prints every thread's stack on SIGABRT
+            signals += [x for x in status.read_text().splitlines() if x.startswith(("Sig", "ShdPnd"))]
+            watch.send_signal(signal.SIGABRT)
+            watch.wait(timeout=30)
+            err = watch.stderr.read()
+            raise AssertionError(f"status --watch still runs 30 s after Ctrl-C ({signals}):\n{err[-6000:]}") from None
         reader.join(10)
         out, err = "".join(lines), watch.stderr.read()
     finally:

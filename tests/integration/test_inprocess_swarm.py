@@ -179,9 +179,26 @@ def test_a_live_peer_that_never_publishes_costs_one_bounded_wait_and_one_interva
     assert elapsed < 15
 
 
+class _KilledCoordinatorNode(Node):
+    """A coordinator whose stop is a kill: it writes no ``stopped`` state (a process killed by the runtime or a
+    power cut writes nothing), so its workers stay in the run instead of stopping with it."""
+
+    def run(self) -> None:
+        from swarm_gdrive.protocol.coordinator import Coordinator
+
+        class Killed(Coordinator):
+            def _announce_stop(self, state) -> None:
+                pass
+
+        self.code = Killed(self.config, LocalStorage(self.config.gdrive_path), self.config.node_id, self.stop).run()
+
+
 def test_a_worker_gives_up_with_exit_3_when_the_experiment_is_reset_under_it(tmp_path):
+    """The coordinator dies (no ``stopped`` written) and is started again with RESET_EXPERIMENT=true: the worker
+    still in the old run sees another run_id and exits 3. (A coordinator stopped on request stops its workers
+    first, with exit 0: tests/integration/test_stop.py.)"""
     env = env_for(tmp_path, MAX_ROUNDS=3, MIN_WORKERS=2)
-    old = Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})
+    old = _KilledCoordinatorNode({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})
     worker = Node({**env, "NODE_ROLE": "worker", "NODE_ID": "w1"})
     old.start()
     worker.start()

@@ -191,6 +191,7 @@ def test_waiting_for_workers_says_whom_on_change_and_periodically(tmp_path, capl
     )
     coordinator.open_experiment()
     caplog.set_level(logging.INFO, logger="swarm_gdrive.protocol.coordinator")
+    caplog.clear()  # what opening the experiment said (its key, when INFO was already on): not under test here
 
     coordinator.report_waiting(frozenset(), now=0.0)
     coordinator.workers_seen.update({"worker-1", "worker-2", "worker-3"})

@@ -94,6 +94,35 @@ def test_a_second_coordinator_beside_a_beating_one_refuses_before_writing_anythi
     assert not (tmp_path / "archives").exists()
 
 
+def test_a_reset_waits_liveness_timeout_and_refuses_when_a_killed_coordinator_comes_back(tmp_path):
+    """A coordinator killed a moment ago (its heartbeat frozen past the short start watch) and restarting: a second
+    coordinator with RESET_EXPERIMENT=true watches for LIVENESS_TIMEOUT before moving the run away, sees the
+    restarted one register, and refuses; nothing moved (seed 33 of the async hostile trials)."""
+    state = coordinator(tmp_path).open_experiment()
+    Exchange(LocalStorage(tmp_path), LAYOUT, "coord", state.run_id).write_peer(peer("coord", state.run_id, 7))
+
+    def restart() -> None:  # the harness restarts the killed node: a new registration of the same NODE_ID
+        time.sleep(3.0)
+        back = peer("coord", state.run_id, 1).model_copy(update={"registered_at": 2.0})
+        Exchange(LocalStorage(tmp_path), LAYOUT, "coord", state.run_id).write_peer(back)
+
+    thread = threading.Thread(target=restart, daemon=True)
+    thread.start()
+    with pytest.raises(RivalCoordinatorError, match="RESET_EXPERIMENT refused: coordinator 'coord' runs"):
+        coordinator(tmp_path, "coord2", RESET_EXPERIMENT="true", SEED=9, LIVENESS_TIMEOUT=8).open_experiment()
+    thread.join()
+    assert not (tmp_path / "archives").exists()
+
+
+def test_a_reset_over_a_coordinator_silent_for_liveness_timeout_goes_ahead(tmp_path):
+    state = coordinator(tmp_path).open_experiment()
+    Exchange(LocalStorage(tmp_path), LAYOUT, "coord", state.run_id).write_peer(peer("coord", state.run_id, 7))
+    started = time.monotonic()
+    fresh = coordinator(tmp_path, "coord2", RESET_EXPERIMENT="true", SEED=9, LIVENESS_TIMEOUT=4).open_experiment()
+    assert time.monotonic() - started >= 4.0 and fresh.run_id != state.run_id
+    assert (tmp_path / "archives").exists()
+
+
 def test_a_coordinator_of_another_node_id_whose_heartbeat_is_frozen_is_resumed_from(tmp_path):
     state = coordinator(tmp_path).open_experiment()
     Exchange(LocalStorage(tmp_path), LAYOUT, "coord", state.run_id).write_peer(peer("coord", state.run_id, 7))
@@ -126,10 +155,28 @@ def test_with_takeover_it_resumes_and_the_other_yields_once_it_reads_the_state_b
             first._keep_own_state(state)
     assert f"coordinator 'coord2' (instance {taker.instance}) took over experiment 'exp'" in str(caught.value)
     assert decode((tmp_path / LAYOUT.state_file).read_bytes(), StateRecord) == taken  # not written back
+    assert (tmp_path / LAYOUT.experiment_file).exists()  # the run goes on under the taker: its experiment.json stays
     # The taker writes its own over the state of the one it took over, at once (no watch: it does not yield).
     Exchange(LocalStorage(tmp_path), LAYOUT, "coord", state.run_id).write_state(state.model_copy(update={"seq": 99}))
     restored = taker._keep_own_state(taken)
     assert restored.instance == taker.instance and restored.seq == 100
+
+
+def test_the_one_of_two_coordinators_started_together_that_yields_removes_its_experiment_json(tmp_path):
+    """Both created a run; the state file holds the winner's, experiment.json the loser's (it wrote last). A worker
+    joining before the winner writes its own back would pin the loser's key: the loser removes it as it yields, and
+    the winner's next read-back writes its own."""
+    loser = coordinator(tmp_path, SWARM_LOCAL_DIR=f"{tmp_path}-loser")
+    loser_state = loser.open_experiment()
+    winner = coordinator(tmp_path, "coord2", SWARM_LOCAL_DIR=f"{tmp_path}-winner")
+    won = winner._create()  # as if it had read no experiment.json either
+    loser.exchange.write_experiment(loser._experiment)  # the loser's experiment.json was written last
+    with Beating(tmp_path, "coord2", won.run_id), pytest.raises(RivalCoordinatorError):
+        loser._keep_own_state(loser_state)
+    assert not (tmp_path / LAYOUT.experiment_file).exists()
+    assert winner._keep_own_state(won) == won
+    written = decode((tmp_path / LAYOUT.experiment_file).read_bytes(), ExperimentRecord)
+    assert written == winner._experiment and written.public_key != loser._experiment.public_key
 
 
 def test_a_forged_run_in_experiment_json_is_written_back(tmp_path):

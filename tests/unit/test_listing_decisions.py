@@ -199,6 +199,7 @@ def test_the_decision_from_listings_is_the_decision_from_reading_every_file(emu,
     started = time.monotonic()
     registered: set[str] = set()
     ever_submitted: frozenset[str] = frozenset()
+    ever_written: set[str] = set()
     compared = 0
     for _ in range(6):
         for _ in range(rng.randint(1, 4)):
@@ -207,6 +208,7 @@ def test_the_decision_from_listings_is_the_decision_from_reading_every_file(emu,
                 swarm.beat(worker)
             elif action == "submit":
                 swarm.submit(worker)
+                ever_written.add(worker)  # there, if only until a garbage reward lands on it in this same step
             elif action == "garbage_reward":
                 swarm.plant(swarm.layout.reward_file(0, 0, worker), b'{"kind": "reward", "node_id": 7}')
             elif action == "forged_inline":
@@ -225,7 +227,7 @@ def test_the_decision_from_listings_is_the_decision_from_reading_every_file(emu,
         time.sleep(max(LAG_S, TTL_S) + 2 * HEARTBEAT_S + 0.1)
         live, submitted = coordinator_view(swarm, time.monotonic() - started)
         truth_live, truth_submitted = reference(emu, swarm.layout, swarm.run_id, registered)
-        assert early_submitted <= ever_submitted | truth_submitted
+        assert early_submitted <= ever_submitted | truth_submitted | ever_written
         ever_submitted |= truth_submitted
         assert (live, submitted) == (truth_live, truth_submitted)
         assert decision(swarm.state, live, submitted) == decision(swarm.state, truth_live, truth_submitted)

@@ -10,7 +10,8 @@ It does nothing unless ``SWARM_FAULTS`` holds a JSON object; its keys switch on:
   ``train`` (inside the update), ``submit`` (half of the reward file written to its temporary
   name), ``flush`` (half of the metrics chunk appended to metrics.jsonl), ``checkpoint`` (half of
   ``model.safetensors`` of a checkpoint written to its temporary name), ``state`` (coordinator:
-  half of the state file of round R written to its temporary name).
+  half of the state file of round R written to its temporary name). With ``"until": "released"``, a node
+  parked at ``generate`` goes on once the test writes ``D/released`` (its heartbeat beats meanwhile).
 - ``oserror``: ``{"every": N, "burst": K, "seed": S, "cooldown": C}``: the local backend's file
   operations fail with a burst of K ``OSError`` (EIO, or ENOTCONN "Transport endpoint is not
   connected", chosen at random) once every N calls on average; the C calls after a burst (default 8)
@@ -54,13 +55,18 @@ class _Park:
         self.point = spec["point"]
         self.round = int(spec["round"])
         self.dir = spec["dir"]
+        self.released = spec.get("until") == "released"
 
     def here(self, point: str, round_: int | None) -> None:
         """Block for ever if this is the chosen point, after telling the test where we are."""
         if point != self.point or round_ != self.round:
             return
         _write_marker(self.dir, "parked", point)
-        threading.Event().wait()
+        if not self.released:
+            threading.Event().wait()
+        while not os.path.exists(os.path.join(self.dir, "released")):
+            time.sleep(0.05)
+        self.round = -1  # parked once
 
     def half_write(self, target, data: bytes, point: str, round_: int | None) -> bool:
         """Leave half of ``data`` in the temporary file that the real write would use, then park."""
