@@ -41,7 +41,6 @@ setup(
             "hypothesis>=6.100",
             "ruff>=0.6",
             "trl>=1.16,<2",
-            "datasets>=3",
             "s3fs>=2024.2",
             "moto[server]>=5",
             "papermill>=2.6",
@@ -59,7 +58,13 @@ setup(
             "tensorboard>=2.14",
             "wandb>=0.19",
             "trackio>=0.43,<1",
+            # TASK_SOURCE=datasets (the "datasets" extra below), tested in tests/unit/test_dataset_task.py
+            "datasets>=3",
+            "math-verify>=0.7",
         ],
+        # TASK_SOURCE=datasets: a Hugging Face dataset and math-verify's answer check (docs/tasks.md). An extra, not a
+        # requirement: datasets 5 needs huggingface-hub 1.x, which would upgrade Colab's transformers on install.
+        "datasets": ["datasets>=3", "math-verify>=0.7"],
         # REPORT_TO's trackers. wandb: 0.19 brought init(reinit="create_new"); trackio: before 1.0 its init's
         # keywords move between releases, and 0.43 is the one tested (group, resume, embed, auto_log_cpu).
         "tensorboard": ["tensorboard>=2.14"],

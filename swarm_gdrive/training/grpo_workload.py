@@ -1,9 +1,9 @@
-"""The real workload: reasoning-gym questions, a model's batched completions, verifier scores, GRPO.
+"""The real workload: a task's questions, a model's batched completions, their reward, GRPO.
 
 It implements :class:`swarm_gdrive.protocol.workload.Workload` for the worker loop: ``generate``
-draws I questions seeded by (SEED, node, round, stage) and samples G completions each;
-``rescore`` regenerates another node's question from its provenance and scores its
-completions with the task's own verifier (the peer's answers and rewards are never used), each on
+draws I questions of the task (:mod:`.task`: reasoning-gym or a dataset) seeded by (SEED, node, round, stage)
+and samples G completions each; ``rescore`` regenerates another node's question from its provenance and scores its
+completions with this node's :class:`~.reward_terms.Reward` (the peer's answers and rewards are never used), each on
 exactly the text its training ids decode to (:mod:`.completions`: a tail past MAX_NEW_TOKENS buys nothing);
 ``train`` runs one GRPO update on the I + J groups; ``end_round`` checkpoints when due.
 """
@@ -24,7 +24,7 @@ from swarm_gdrive.protocol.sapo import ScoredGroup, rng_for
 from swarm_gdrive.protocol.workload import StageContext
 from swarm_gdrive.storage import Storage
 from swarm_gdrive.storage.base import human_bytes
-from swarm_gdrive.training import adapters, checkpoint, grpo, hub
+from swarm_gdrive.training import adapters, checkpoint, grpo, hub, twins
 from swarm_gdrive.training.completions import CompletionCodec, Received, external_metrics
 from swarm_gdrive.training.curriculum import curriculum_step
 from swarm_gdrive.training.models import load_model_and_tokenizer, resolve_model
@@ -36,9 +36,12 @@ from swarm_gdrive.training.policy import (
     pick_device,
     pick_weight_dtype,
 )
+from swarm_gdrive.training.reward_terms import build_reward
 from swarm_gdrive.training.rewards import ANSWER_OPEN
 from swarm_gdrive.training.settings import TrainingSettings
-from swarm_gdrive.training.tasks import TaskBank, build_messages, parse_task_mix, question_rng
+from swarm_gdrive.training.task import build_task
+from swarm_gdrive.training.task_check import read_chat_template
+from swarm_gdrive.training.tasks import TaskBank, question_rng
 from swarm_gdrive.training.threads import ThreadPlan
 
 logger = logging.getLogger(__name__)
@@ -104,7 +107,7 @@ def stop_checkpoint_due(trained: int | None, saved: int | None, age_s: float | N
 
 
 class GRPOWorkload:
-    """GRPO + SAPO on reasoning-gym with one model on one device."""
+    """GRPO + SAPO on a task (reasoning-gym's or a dataset) with one model on one device."""
 
     stateless = False  # a model, its optimizer and RNG states: checkpointed and resumed
 
@@ -116,18 +119,25 @@ class GRPOWorkload:
         self._stop = stop
         self.device = pick_device(config.device, config.cpu_only)
         self.threads = ThreadPlan(config.torch_threads, self.device)
-        self.bank = TaskBank(
-            parse_task_mix(config.tasks, config.task_config, config.task_difficulty),
-            config.seed,
-            curriculum=config.curriculum_threshold > 0,
-            held_out=config.eval_samples,
-        )
+        self.bank = build_task(config)  # the task provider (TASK_SOURCE)
+        self.reward = build_reward(self.bank, config.format_reward_weight, config.reward_functions, config.gdrive_path)
+        # Near-twins kept out of training and question spaces this run exhausts: logged once (training/twins.py).
+        if isinstance(self.bank, TaskBank):
+            draws = twins.expected_draws(
+                self.bank, config.min_workers, config.max_rounds, config.num_train_samples, config.num_stages
+            )
+            self.splits = twins.split_report(self.bank, draws)
+        else:
+            total = max(config.min_workers, 1) * config.max_rounds * config.num_train_samples * config.num_stages
+            self.splits = twins.log_splits([self.bank.split(total)])
         resolved = resolve_model(config.model_name, config.model_cache_dir)
         started = time.monotonic()
         token = config.huggingface_access_token
         self.lora = lora_settings(config)
         self.weight_dtype = adapters.DTYPES[pick_weight_dtype(config.weight_dtype, self.device, self.lora is not None)]
         model, tokenizer = load_model_and_tokenizer(resolved.source, self.device, self.weight_dtype, token)
+        if config.chat_template:
+            tokenizer.chat_template = read_chat_template(config.chat_template, config.gdrive_path)
         if config.gradient_checkpointing:
             adapters.enable_gradient_checkpointing(model)
         if self.lora is not None:
@@ -186,9 +196,10 @@ class GRPOWorkload:
             self.config.num_train_samples, question_rng(ctx.seed, ctx.node_id, ctx.round, ctx.stage)
         )
         prefix, prefix_ids = self.prefix, self.prefix_ids
-        bare = [self.trainer.prompt_ids(build_messages(q.question)) for q in questions]  # what is trained on
+        messages = [self.bank.messages(q.question) for q in questions]
+        bare = [self.trainer.prompt_ids(m) for m in messages]  # what is trained on
         # Generation tokenizes the prompt with the prefix attached (not bare + prefix_ids: the boundary may merge).
-        prompts = [self.trainer.prompt_ids(build_messages(q.question), prefix) for q in questions] if prefix else bare
+        prompts = [self.trainer.prompt_ids(m, prefix) for m in messages] if prefix else bare
         seed = rng_for(ctx.seed, ctx.node_id, ctx.round, ctx.stage, purpose="sampling").randrange(2**31)
         # The prefix is part of the completion, so it counts against MAX_NEW_TOKENS as for an external one.
         budget = self.config.max_new_tokens - len(prefix_ids)
@@ -244,9 +255,7 @@ class GRPOWorkload:
         return self._score(entry, [r.text for r in self._received(group)])
 
     def _score(self, entry: dict[str, Any], completions: list[str]) -> tuple[float, ...]:
-        return self.bank.score_group(
-            entry, completions, self.config.format_reward_weight, self.config.answer_extraction
-        )
+        return self.reward.score(entry, completions)
 
     def train(self, ctx: StageContext, local: list[ScoredGroup], external: list[ScoredGroup]) -> dict[str, float]:
         outside = [self._external_group(g) for g in external]
@@ -300,7 +309,7 @@ class GRPOWorkload:
         """Another node's group, on its sampled ids where they are usable (:mod:`.completions`), and how each
         completion's ids were obtained. Its rewards are :meth:`rescore`'s, of the same ids' text."""
         group = scored.group
-        prompt = self.trainer.prompt_ids(build_messages(group.question))
+        prompt = self.trainer.prompt_ids(self.bank.messages(group.question))
         received = self._received(group)
         return TrainGroup(prompt, [r.ids for r in received], list(scored.rewards)), received
 
@@ -331,7 +340,7 @@ class GRPOWorkload:
             for task in self.bank.tasks
             for level in sorted({0, self.bank.current_level[task]})
         ]
-        prompts = [[self.trainer.prompt_ids(build_messages(q.question), prefix) for q in qs] for _, _, qs in sets]
+        prompts = [[self.trainer.prompt_ids(self.bank.messages(q.question), prefix) for q in qs] for _, _, qs in sets]
         # Every task's questions in as few calls as GEN_BATCH_SIZE allows: greedy completions depend on the prompt
         # alone, and a batch decodes them all in one step where a call per task would take a step each.
         names = ", ".join(dict.fromkeys(task for task, _, _ in sets))
@@ -361,22 +370,14 @@ class GRPOWorkload:
     ) -> TaskEval:
         """One task's held-out scores from its greedy completions, and its sampled pass@k when EVAL_PASS_K > 0."""
         prefix = ANSWER_OPEN if self.config.answer_prefix else ""
-        scores = [
-            self.bank.score_group(q.entry, [prefix + text], 0.0, self.config.answer_extraction)[0]
-            for q, text in zip(questions, greedy, strict=True)
-        ]
+        scores = [self.bank.correctness(q.entry, prefix + text) for q, text in zip(questions, greedy, strict=True)]
         k = self.config.eval_pass_k
         pass_k = pass_k_se = None
         if k > 0:
             seed = rng_for(self.config.seed, self.node_id, round_, 0, purpose=f"eval-{task}").randrange(2**31)
             sampled = self.trainer.generate(prompts, k, seed, label=f"evaluate {task} (pass@{k})")
             hits = [
-                any(
-                    s >= 1.0
-                    for s in self.bank.score_group(
-                        q.entry, [prefix + t for t in texts], 0.0, self.config.answer_extraction
-                    )
-                )
+                any(self.bank.correctness(q.entry, prefix + t) >= 1.0 for t in texts)
                 for q, texts in zip(questions, sampled.texts, strict=True)
             ]
             pass_k = sum(hits) / len(hits)

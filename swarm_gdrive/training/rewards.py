@@ -1,7 +1,7 @@
 """Answer extraction and scoring with a reasoning-gym task's own verifier (pure).
 
-The reward of a completion is the verifier's score of its extracted answer, partial credit
-kept, plus an optional format bonus::
+The reward of a completion is the verifier's score of its extracted answer (its partial credit kept, or
+with PARTIAL_CREDIT=false rounded down to 0 unless full) plus an optional format bonus::
 
     reward = dataset.score_answer(extract_answer(completion), entry) + format_weight * format_reward(completion)
 
@@ -57,8 +57,74 @@ class Verifier(Protocol):
 
 
 EXTRACTION_MODES = ("strict", "lenient")
-#: The last number-like span (integer, decimal or fraction) of a completion without an answer tag.
-_LAST_NUMBER_RE = re.compile(r"[-+]?\d+(?:[./]\d+)?")
+#: A number-like span: integer (thousands grouped by commas too: "1,200", never "3, 4" or "1,2"), decimal or
+#: fraction, with its sign; :func:`_plain` drops the grouping commas.
+_NUMBER_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+(?!\d|,\d)|\d+)(?:[./]\d+)?")
+#: Where an answer statement ends: a line break, or ".", "!" or "?" before a space (not the dot of "3.5").
+_SENTENCE_END_RE = re.compile(r"\n|(?<=[.!?])\s")
+#: What a result follows in a statement: "=" or "equals" ("is" is not one: "-2 is multiplied by 0, so ...").
+_RESULT_MARKER_RE = re.compile(r"=|\bequals\b", re.IGNORECASE)
+#: An explicit answer cue with a number right after it, any case: "answer", up to 40 characters without a digit, full
+#: stop or line break, then "is", "equals", ":" or "=", then only spaces, quotes, "*" or "$" before the number: "The
+#: answer is 13", "answer: 13", "The answer to this question is 8"; not "the answer is calculated to 1 decimal place".
+_ANSWER_CUE_RE = re.compile(r"\banswer\b[^\d.\n]{0,40}?(?:\bis\b|\bequals\b|:|=)[\s\"'*$]*(?=[-+]?\d)", re.IGNORECASE)
+
+
+def lenient_answer(completion: str) -> str | None:
+    """One number a completion without an answer pair states as its answer, chosen by position alone.
+
+    The text read is what follows the last ``<answer>`` (the model was answering there: ANSWER_PREFIX), else the
+    whole completion; it is cut into statements (sentences and lines, :data:`_SENTENCE_END_RE`). A statement's
+    answer is the first number after its last result marker (``=``, ``equals``) that has one after it
+    (``9 - 6 = 3``, ``2 = 2 + 1 = 3``, ``-9 + 5, which equals -4``), else its first number (``12, because``); a
+    statement that ends in a marker with no number after it (``7 + 5 =``, an unfinished equation) states nothing.
+    The answer is that of the statement after the first explicit cue followed by a number (``answer is 7``,
+    ``answer: 7``, ``the answer to this question is 7``; the number right after the cue if that statement states
+    none), else that of the first statement that states one.
+
+    Text after the stated answer (more lines, other numbers, an explanation) never changes it, which the last
+    number of the completion, the rule before issue 31, did: ``4 * 5 = 20\nApostrophe: 4, 5 = 5, 2`` scored
+    "2". It cannot be gamed by listing numbers: exactly one candidate is passed to the verifier, picked by its
+    position and never by comparing it with the reference answer, so a completion that sprays numbers (``1 2 3
+    ... 99``) is scored on one of them, as if it had guessed that one; "any number equals the answer" would
+    instead reward the spray with certainty.
+    """
+    cut = completion.rfind(ANSWER_OPEN)
+    text = completion[cut + len(ANSWER_OPEN) :] if cut >= 0 else completion
+    # Linear time on hostile text (peers' completions): one cue, each statement read once.
+    cue = _ANSWER_CUE_RE.search(text)
+    if cue is not None:
+        end = _SENTENCE_END_RE.search(text, cue.end())
+        stated = _stated(text[cue.end() : end.start() if end else len(text)])
+        if stated is not None:
+            return stated
+        right_after = _NUMBER_RE.match(text, cue.end())  # the cue's lookahead guarantees one
+        return _plain(right_after.group(0)) if right_after else None
+    for statement in _SENTENCE_END_RE.split(text):
+        stated = _stated(statement)
+        if stated is not None:
+            return stated
+    return None
+
+
+def _plain(number: str) -> str:
+    """A number as the verifiers read it: "1,200" is 1200."""
+    return number.replace(",", "")
+
+
+def _stated(statement: str) -> str | None:
+    """The number one statement gives as its result (see :func:`lenient_answer`), or None."""
+    numbers = list(_NUMBER_RE.finditer(statement))
+    if not numbers:
+        return None
+    last_start = numbers[-1].start()
+    markers = [m.end() for m in _RESULT_MARKER_RE.finditer(statement)]
+    before_a_number = [end for end in markers if end <= last_start]
+    if before_a_number:
+        return _plain(next(n.group(0) for n in numbers if n.start() >= before_a_number[-1]))
+    if markers and not statement[markers[-1] :].strip(" \t.,;:!?"):
+        return None  # "7 + 5 =": an unfinished equation states no result
+    return _plain(numbers[0].group(0))
 
 
 def extract_answer(completion: str, mode: str = "strict") -> str | None:
@@ -74,10 +140,9 @@ def extract_answer(completion: str, mode: str = "strict") -> str | None:
     without a stop reason. A trainer that opens the assistant turn with ``<answer>`` must
     score that prefix plus the completion.
 
-    ``mode="lenient"`` falls back, when there is no answer pair, to the last number-like span
-    (``-12``, ``3.5``, ``7/9``) of the completion: small models often state the right number
-    without the tag (see the learning-signal table in docs/training.md). ``strict`` is the default, for
-    replication of the SAPO paper.
+    ``mode="lenient"`` falls back, when there is no answer pair, to the one number the completion states as its
+    answer (:func:`lenient_answer`): small models often state the right number without the tag (see the
+    learning-signal table in docs/training.md). ``strict`` is the default, for replication of the SAPO paper.
     """
     if mode not in EXTRACTION_MODES:
         raise ValueError(f"extraction mode {mode!r} is not one of {EXTRACTION_MODES}")
@@ -85,8 +150,7 @@ def extract_answer(completion: str, mode: str = "strict") -> str | None:
     if matches:
         return matches[-1].strip()
     if mode == "lenient":
-        numbers = _LAST_NUMBER_RE.findall(completion)
-        return numbers[-1] if numbers else None
+        return lenient_answer(completion)
     return None
 
 
@@ -137,19 +201,32 @@ def verifier_score(dataset: Verifier, entry: dict[str, Any], answer: str | None)
 
 
 def score(
-    dataset: Verifier, entry: dict[str, Any], completion: str, format_weight: float = 0.0, extraction: str = "strict"
+    dataset: Verifier,
+    entry: dict[str, Any],
+    completion: str,
+    format_weight: float = 0.0,
+    extraction: str = "strict",
+    partial_credit: bool = True,
 ) -> float:
-    """Reward of one completion: ``verifier_score(extract_answer(c)) + format_weight * format_reward(c)``.
+    """Reward of one completion: ``correctness(extract_answer(c)) + format_weight * format_reward(c)``.
 
-    The verifier's partial credit is kept (e.g. 0.1 for an unreduced fraction). ``entry`` must be
+    ``partial_credit`` (PARTIAL_CREDIT): True keeps the verifier's score in [0, 1] (the paper's: 0.1 for an
+    unreduced fraction, but also ``len(answer) / len(given)`` when the answer is a substring of what was given,
+    0.5 for "12" against "2"); False gives 1.0 for a full score and 0.0 for anything less. ``entry`` must be
     generated locally; nothing the completion's author claimed is read.
     """
     if not math.isfinite(format_weight):
         raise ValueError(f"format_weight must be a finite number, got {format_weight!r}")
-    correctness = verifier_score(dataset, entry, extract_answer(completion, extraction))
+    correctness = credit(verifier_score(dataset, entry, extract_answer(completion, extraction)), partial_credit)
     if format_weight == 0.0:
         return correctness
     return correctness + format_weight * format_reward(completion)
+
+
+def credit(correctness: float, partial_credit: bool) -> float:
+    """A verifier's score as the correctness term: kept (PARTIAL_CREDIT=true), or 1.0 for a full score and 0.0 for
+    anything less."""
+    return correctness if partial_credit else float(correctness >= 1.0)
 
 
 def _task_of(entry: dict[str, Any]) -> str | None:

@@ -36,6 +36,17 @@ CHECKPOINT_OPTIMIZERS = ("auto", "bf16", "fp32", "none")
 #: The GRPO losses and advantage scalings (TRL's names); training.grpo implements exactly these.
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
+#: TASK_SOURCE's values (training.task.build_task) and DATASET_ANSWER_CHECK's (training.dataset_task).
+TASK_SOURCES = ("reasoning_gym", "datasets")
+ANSWER_CHECKS = ("math", "numeric", "exact")
+#: With TASK_SOURCE=datasets, the settings that enter the experiment's fingerprint besides the rows' hash.
+DATASET_FINGERPRINT_FIELDS = (
+    "task_source",
+    "dataset_question_column",
+    "dataset_answer_column",
+    "dataset_answer_check",
+    "dataset_system_prompt",
+)
 
 
 def _parse_device(var: str, raw: str) -> str:
@@ -116,12 +127,95 @@ class TrainingSettings(ProtocolSettings):
     eval_pass_k: int = env_field(
         "EVAL_PASS_K", 0, "k for sampled pass@k besides greedy pass@1; 0 is off.", parse_int(0)
     )
+    task_source: str = env_field(
+        "TASK_SOURCE",
+        "reasoning_gym",
+        "Where questions come from: reasoning_gym (TASKS, TASK_CONFIG, TASK_DIFFICULTY) or datasets (a Hugging Face "
+        "dataset, DATASET_PATH and its companions; docs/tasks.md).",
+        parse_choice(TASK_SOURCES),
+    )
+    dataset_path: str | None = env_field(
+        "DATASET_PATH",
+        None,
+        "TASK_SOURCE=datasets: this node's own copy of the dataset, a local file (.json, .jsonl, .csv, .parquet) or "
+        "folder (save_to_disk's, or data files), or a Hub id such as openai/gsm8k (online only). Never inside "
+        "GDRIVE_PATH (refused); every node reads its own copy, and experiment.json holds a hash of its rows.",
+        parse_optional_text,
+    )
+    dataset_config: str | None = env_field(
+        "DATASET_CONFIG",
+        None,
+        "TASK_SOURCE=datasets: the dataset's configuration name (e.g. main of openai/gsm8k).",
+        parse_optional_text,
+    )
+    dataset_split: str = env_field(
+        "DATASET_SPLIT",
+        "train",
+        "TASK_SOURCE=datasets: the split read (held-out questions come from it too).",
+        parse_text,
+    )
+    dataset_question_column: str = env_field(
+        "DATASET_QUESTION_COLUMN", "question", "TASK_SOURCE=datasets: the column that holds the question.", parse_text
+    )
+    dataset_answer_column: str = env_field(
+        "DATASET_ANSWER_COLUMN",
+        "answer",
+        "TASK_SOURCE=datasets: the column of reference answers; GSM8K's '... #### 72' is read as 72.",
+        parse_text,
+    )
+    dataset_answer_check: str = env_field(
+        "DATASET_ANSWER_CHECK",
+        "math",
+        "TASK_SOURCE=datasets: how an extracted answer is compared with the reference: math (math-verify: 1/2, 0.5 "
+        "and \\frac{1}{2} agree), numeric (numbers equal to 1e-6, commas and $ ignored) or exact (text, whitespace "
+        "collapsed).",
+        parse_choice(ANSWER_CHECKS),
+    )
+    dataset_system_prompt: str | None = env_field(
+        "DATASET_SYSTEM_PROMPT",
+        None,
+        "TASK_SOURCE=datasets: the system prompt; unset: reasoning-gym's default (think, then answer in "
+        "<answer></answer>).",
+        parse_optional_text,
+    )
+    dataset_max_rows: int = env_field(
+        "DATASET_MAX_ROWS",
+        100_000,
+        "TASK_SOURCE=datasets: rows read at most (the first ones of the split); the files read are capped at "
+        "2 GiB in all.",
+        parse_int(1, 10_000_000),
+    )
+    chat_template: str | None = env_field(
+        "CHAT_TEMPLATE",
+        None,
+        "A local Jinja file that replaces the tokenizer's chat template (prompts of every task); unset: the "
+        "tokenizer's own. Never inside GDRIVE_PATH (refused).",
+        parse_optional_text,
+    )
+    reward_functions: str | None = env_field(
+        "REWARD_FUNCTIONS",
+        None,
+        "Extra reward terms, 'module:function[:weight],...': functions in TRL's signature (prompts, completions, "
+        "the dataset's columns as keywords -> one float each) imported from this node's installed code, never "
+        "from GDRIVE_PATH. Added to the correctness term (weight 1) and FORMAT_REWARD_WEIGHT's (docs/tasks.md).",
+        parse_optional_text,
+    )
     answer_extraction: str = env_field(
         "ANSWER_EXTRACTION",
         "strict",
-        "strict: only the last <answer>...</answer> is scored (the paper). lenient: without a tag, the last "
-        "number in the completion is scored (gives small models a learning signal).",
+        "strict: only the last <answer>...</answer> is scored (the paper). lenient: without a closed tag, the one "
+        "number the completion states as its answer is scored: after an 'answer is' cue, else the first statement's "
+        "result (after its last '='), else its first number (gives small models a learning signal; text after the "
+        "answer never changes it, and listing numbers scores only one of them; docs/training.md).",
         parse_choice(("strict", "lenient")),
+    )
+    partial_credit: bool = env_field(
+        "PARTIAL_CREDIT",
+        True,
+        "Keep the task verifier's partial credit (the paper's): e.g. 0.1 for an unreduced fraction, but also 0.5 "
+        "for '12' against '2' (reasoning-gym's default verifier scores a substring). false: 1 for a fully right "
+        "answer, else 0; after group scaling partial credit is a full-size advantage.",
+        parse_bool,
     )
     answer_prefix: bool = env_field(
         "ANSWER_PREFIX",
@@ -310,7 +404,10 @@ def _check_task_mix(tasks: str | None, task_config: str | None, difficulty: str,
 
 def check_task_mix(config: TrainingSettings) -> None:
     """TASKS, TASK_CONFIG and TASK_DIFFICULTY make a task mix whose every task holds EVAL_SAMPLES held-out questions
-    and as many others, or :class:`ConfigError` names the variable (for a node that trains: a GRPO worker)."""
+    and as many others, or :class:`ConfigError` names the variable (for a node that trains: a GRPO worker); with
+    TASK_SOURCE=datasets, nothing (:func:`swarm_gdrive.training.task_check.check_task` checks a dataset)."""
+    if config.task_source != "reasoning_gym":
+        return
     try:
         _check_task_mix(config.tasks, config.task_config, config.task_difficulty, config.eval_samples, config.seed)
     except ValueError as exc:
@@ -351,4 +448,8 @@ def check_relations(config: TrainingSettings) -> None:
             config.curriculum_threshold,
             "the curriculum climbs from the easy level on held-out accuracy: set TASK_DIFFICULTY=easy and "
             "EVAL_INTERVAL > 0, or CURRICULUM_THRESHOLD=0",
+        )
+    if config.curriculum_threshold > 0 and config.task_source != "reasoning_gym":
+        raise ConfigError(
+            "CURRICULUM_THRESHOLD", config.curriculum_threshold, "a dataset has no curriculum: set it to 0"
         )

@@ -1,5 +1,7 @@
 """reasoning-gym tasks: the task mix, drawing questions, regenerating peers' questions, prompts.
 
+:class:`TaskBank` is the reasoning-gym provider of :class:`swarm_gdrive.training.task.TaskProvider`.
+
 A node draws questions from a :class:`TaskBank`: one procedural reasoning-gym dataset per task,
 all built with the experiment's dataset seed, so that a (task, config, seed, index)
 :class:`~swarm_gdrive.protocol.records.Provenance` names one question on every node. Which indices a node
@@ -11,10 +13,11 @@ provenance, and only if the provenance names a task, config and seed of this ban
 regenerated question text equals the group's (:meth:`TaskBank.regenerate`).
 
 Held out means held out by content: the evaluation set of a task is the first EVAL_SAMPLES
-distinct questions (normalised text, :func:`normalise_question`) read down from the top of its
-index range, the same on every node. Training draws skip any question whose text is in that set,
-and a peer's group with such a question is rejected, whatever its index: on small question spaces
-(easy chain_sum has 200 distinct questions) the same text recurs at many indices.
+distinct questions (normalised per task: case, spacing, and for arithmetic operand order and parentheses,
+:func:`~swarm_gdrive.training.twins.normalise_question`) read down from the top of its index range, the same on
+every node. Training draws skip any question whose normalised text is in that set (its near-twins too), and a
+peer's group with such a question is rejected, whatever its index: on small question spaces (easy chain_sum has
+200 question texts, 155 questions once normalised) the same text recurs at many indices.
 
 Measured (reasoning-gym 0.1.25, 2-core CPU): ``import reasoning_gym`` 0.6-0.8 s (then this
 module 0.07 s); creating each paper task's dataset at ``DATASET_SIZE`` under 1 ms (0.9 ms for
@@ -33,7 +36,6 @@ import logging
 import math
 import random
 import time
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +49,7 @@ from reasoning_gym.utils import SYSTEM_PROMPTS
 from swarm_gdrive.protocol.records import Provenance, RolloutGroup
 from swarm_gdrive.protocol.sapo import rng_for
 from swarm_gdrive.training import rewards
+from swarm_gdrive.training.twins import normalise_question
 
 logger = logging.getLogger(__name__)
 
@@ -125,11 +128,6 @@ DIFFICULTIES = ("paper", "easy")
 def held_out_size(name: str) -> int:
     """How many of a task's top indices are reserved for evaluation (scanned for distinct questions)."""
     return min(HELD_OUT_MAX, dataset_size(name) // 10)
-
-
-def normalise_question(text: str) -> str:
-    """A question's identity for the held-out rule: NFC Unicode, whitespace runs collapsed, ends stripped."""
-    return " ".join(unicodedata.normalize("NFC", text).split())
 
 
 class QuestionSpaceTooSmall(ValueError):
@@ -220,8 +218,14 @@ class TaskBank:
         dataset_seed: int,
         curriculum: bool = False,
         held_out: int = DEFAULT_HELD_OUT,
+        extraction: str = "strict",
+        partial_credit: bool = True,
     ) -> None:
-        """``held_out`` (EVAL_SAMPLES): the distinct questions per task (and level) kept out of training."""
+        """``held_out`` (EVAL_SAMPLES): the distinct questions per task (and level) kept out of training;
+        ``extraction`` (ANSWER_EXTRACTION): how :meth:`correctness` reads a completion's answer;
+        ``partial_credit`` (PARTIAL_CREDIT): whether :meth:`correctness` keeps a verifier's partial score."""
+        if extraction not in rewards.EXTRACTION_MODES:
+            raise ValueError(f"extraction mode {extraction!r} is not one of {rewards.EXTRACTION_MODES}")
         if not specs:
             raise ValueError("TaskBank needs at least one TaskSpec")
         if isinstance(dataset_seed, bool) or not isinstance(dataset_seed, int) or not 0 <= dataset_seed <= 2**63:
@@ -232,6 +236,8 @@ class TaskBank:
         if isinstance(held_out, bool) or not isinstance(held_out, int) or held_out < 1:
             raise ValueError(f"held_out (EVAL_SAMPLES) must be a positive integer, got {held_out!r}")
         self.specs = tuple(specs)
+        self.extraction = extraction
+        self.partial_credit = partial_credit
         self.dataset_seed = dataset_seed
         self.held_out = held_out
         self._held_out: dict[tuple[str, int], tuple[list[Question], frozenset[str]]] = {}
@@ -317,7 +323,7 @@ class TaskBank:
 
     def is_held_out(self, task: str, question: str, level: int = 0) -> bool:
         """Whether ``question``'s text is a held-out question of ``task`` at level 0, ``level`` or the current level."""
-        key = normalise_question(question)
+        key = normalise_question(question, task)
         levels = {0, level, self.current_level[task]}
         return any(key in self._held_out_set(task, lv)[1] for lv in levels)
 
@@ -337,7 +343,7 @@ class TaskBank:
             except Exception as exc:  # noqa: BLE001 - a generator that fails on one index: take the next
                 logger.warning("%s failed to generate held-out index %d: %r", task, top - (read - 1), exc)
                 continue
-            key = normalise_question(q.question)
+            key = normalise_question(q.question, task)
             if key not in seen:
                 seen.add(key)
                 out.append(q)
@@ -353,7 +359,7 @@ class TaskBank:
                 raise QuestionSpaceTooSmall(
                     too_small_message(task, self.level_config(task, level), self.held_out, len(found), read)
                 )
-            cached = (found, frozenset(normalise_question(q.question) for q in found))
+            cached = (found, frozenset(normalise_question(q.question, task) for q in found))
             self._held_out[(task, level)] = cached
         return cached
 
@@ -381,13 +387,35 @@ class TaskBank:
         completions: Sequence[str],
         format_weight: float = 0.0,
         extraction: str = "strict",
+        partial_credit: bool = True,
     ) -> tuple[float, ...]:
         """Rewards of ``completions`` against a locally generated ``entry``, one per completion."""
         task = entry.get("metadata", {}).get("source_dataset")
         if task not in self._datasets:
             raise ValueError(f"entry of task {task!r} does not come from this bank (tasks: {', '.join(self.tasks)})")
         dataset = self._datasets[task]
-        return tuple(rewards.score(dataset, entry, completion, format_weight, extraction) for completion in completions)
+        return tuple(
+            rewards.score(dataset, entry, completion, format_weight, extraction, partial_credit)
+            for completion in completions
+        )
+
+    def correctness(self, entry: dict[str, Any], completion: str) -> float:
+        """The task verifier's score of ``completion``'s extracted answer (ANSWER_EXTRACTION), in [0, 1]: the
+        correctness term of :class:`~swarm_gdrive.training.reward_terms.Reward`."""
+        task = entry.get("metadata", {}).get("source_dataset")
+        if task not in self._datasets:
+            raise ValueError(f"entry of task {task!r} does not come from this bank (tasks: {', '.join(self.tasks)})")
+        value = rewards.verifier_score(self._datasets[task], entry, rewards.extract_answer(completion, self.extraction))
+        return rewards.credit(value, self.partial_credit)
+
+    def columns(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """What a REWARD_FUNCTIONS function receives of a question besides prompts and completions: the entry's
+        ``answer`` and ``metadata`` (reasoning-gym's own keys)."""
+        return {"answer": entry.get("answer"), "metadata": entry.get("metadata")}
+
+    def messages(self, question: str) -> list[dict[str, str]]:
+        """The chat messages of ``question``: reasoning-gym's default system prompt, then the question."""
+        return build_messages(question)
 
     def _draw_one(self, rng: random.Random) -> Question:
         """A task by weight, then uniform indices until one generates and is not a held-out question."""

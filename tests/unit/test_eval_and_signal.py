@@ -92,14 +92,15 @@ def test_curriculum_levels_change_the_training_draws_and_peers_at_any_known_leve
         bank.set_level("chain_sum", 0)
 
 
-# Real SmolLM2-135M-Instruct completions from a demo run (assistant turn opened with <answer>).
+# Real SmolLM2-135M-Instruct completions from a demo run (assistant turn opened with <answer>). Lenient extraction
+# reads the stated answer, not the last number (issue 31): the first was scored "0", zeroing its right answer 8.
 REAL = [
-    ("<answer> 8. This is the answer to the arithmetic problem of 8 + 0.\n\nNote: There are", None, "0"),
+    ("<answer> 8. This is the answer to the arithmetic problem of 8 + 0.\n\nNote: There are", None, "8"),
     ("<answer> 8 + 7 = 15", None, "15"),
     ("<answer>10", None, "10"),
     ("<answer>1. The answer to this question is 8.", None, "8"),
     ("The sum is 9.\n<answer>9</answer>", "9", "9"),
-    ("To add 7 and 5, you simply add them together: 7 + 5 =", None, "5"),
+    ("To add 7 and 5, you simply add them together: 7 + 5 =", None, None),  # an unfinished equation states nothing
     ("I am not sure.", None, None),
     ("<answer>-3/4</answer> or maybe <answer> 0.75 </answer>", "0.75", "0.75"),
 ]
