@@ -365,6 +365,16 @@ CODE_MAP_GUIDES = """\
 3. `tests/unit/test_tasks.py` and `tests/unit/test_rewards.py`: its questions regenerate from their provenance and
    its answers score as the verifier says; GDRIVE_IMPLEMENTATION.md §5.7 names the rule.
 
+**A dataset, a reward term or a task source** ([docs/tasks.md](tasks.md)):
+
+1. A dataset: nothing in the package (`TASK_SOURCE=datasets`, `DATASET_PATH`, its columns and answer check); a
+   reward term: a function in TRL's signature in your own module, named in `REWARD_FUNCTIONS`.
+2. Another source of questions: a class that implements `swarm_gdrive/training/task.py`'s `TaskProvider` (seeded
+   draws, its held-out split, `regenerate` of a peer's group from its provenance alone, a deterministic
+   `correctness`), chosen in `build_task` by a new `TASK_SOURCE` value, its settings in `training/settings.py` and
+   their fingerprint in `training/task_check.py`.
+3. `tests/unit/test_dataset_task.py` shows the tests it needs; GDRIVE_IMPLEMENTATION.md §5.7 and §8 name its rules.
+
 **A plot**:
 
 1. `swarm_gdrive/observe/plots.py`: a function `Snapshot → Figure` that draws a "no data yet" figure instead of
@@ -405,7 +415,7 @@ FOLDER_TITLES = {
     "": "Entry points, settings and names",
     "storage": "`storage/`: one narrow interface, several backends",
     "protocol": "`protocol/`: the shared-folder protocol",
-    "training": "`training/`: GRPO on reasoning-gym",
+    "training": "`training/`: GRPO on a task (reasoning-gym or a dataset)",
     "observe": "`observe/`: reading an experiment",
 }
 

