@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.learning import task_presets
 from swarm_gdrive import presets
 from swarm_gdrive.training import rewards
 from swarm_gdrive.training.tasks import TaskBank, parse_task_mix, question_rng
@@ -41,9 +42,9 @@ def old_lenient(completion: str) -> str | None:
     return numbers[-1] if numbers else None
 
 
-#: The presets ``--preset`` takes: the demo's and the sparse-signal study preset (names or aliases of
-#: swarm_gdrive/presets/).
-PRESETS = ("small-model", "sparse-signal")
+def preset_names() -> list[str]:
+    """The presets ``--preset`` takes: those of swarm_gdrive/presets/ that set TASKS (bench.learning's)."""
+    return [p.name for p in task_presets()]
 
 
 def preset_label(name: str) -> str:
@@ -200,7 +201,7 @@ def main() -> None:
     parser.add_argument(
         "--preset",
         default="small-model",
-        help=f"the study preset whose questions and sampling to use: {', '.join(PRESETS)} (or an alias: demo, sparse)",
+        help=f"the study preset whose questions and sampling to use: {', '.join(preset_names())} (or an alias)",
     )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", required=True, help="path without suffix; -rollouts.json, .json and .md")
@@ -209,8 +210,8 @@ def main() -> None:
         args.preset = presets.get(args.preset).name
     except presets.PresetError as e:
         parser.error(f"--preset: {e}")
-    if args.preset not in PRESETS:
-        parser.error(f"--preset {args.preset}: choose from {', '.join(PRESETS)}")
+    if args.preset not in preset_names():
+        parser.error(f"--preset {args.preset}: choose from {', '.join(preset_names())}")
     out = Path(args.out)
     saved = out.with_name(out.name + "-rollouts.json")
     if args.generate:

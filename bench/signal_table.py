@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from bench.learning import task_presets
 from swarm_gdrive import presets
 from swarm_gdrive.config import Config
 from swarm_gdrive.protocol.records import standard_error
@@ -43,7 +44,7 @@ OPTIONS = {  # name: (answer prefix, extraction, format weight)
 
 #: Study presets ``--presets`` can measure: those of swarm_gdrive/presets/ that set TASKS (the easy demo's
 #: small-model, the sparse-signal regime), by name or alias.
-PRESETS = [p for p in map(presets.get, presets.names()) if "TASKS" in p.settings]
+PRESETS = task_presets()
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
+from bench.learning import task_presets
 from swarm_gdrive import presets
 from swarm_gdrive.training import tasks
 from swarm_gdrive.training.twins import estimate_space, normalise_question
@@ -56,7 +57,11 @@ def count(preset: str, seed: int, scan: int, identity: Callable[..., str]) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--presets", default="small-model,sparse-signal")
+    parser.add_argument(
+        "--presets",
+        default=",".join(p.name for p in task_presets()),
+        help="comma-separated presets of swarm_gdrive/presets/ (default: every one that sets TASKS)",
+    )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--scan", type=int, default=3000, help="training indices read per task")
     parser.add_argument("--out", required=True, help="path without suffix; .json and .md are written")

@@ -1,4 +1,4 @@
-"""Configuration from environment variables: the only module that reads ``os.environ``.
+"""Configuration from environment variables: the one place that composes a node's settings from them.
 
 Each layer declares the settings it reads, typed, documented and validated: storage
 (:mod:`swarm_gdrive.storage.settings`), the protocol (:mod:`swarm_gdrive.protocol.settings`) and training
