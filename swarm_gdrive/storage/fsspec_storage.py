@@ -464,7 +464,9 @@ class FsspecStorage:
         """A local file this node appends to, read from one descriptor checked to be a plain file with one name:
         what is checked is what is read, even if the name is swapped meanwhile. None where there is nothing of
         the node's own to keep (a link, symbolic or hard, whose bytes another name reaches and may be a file
-        outside the root; a FIFO or device): it is never read, and the append's rename replaces it."""
+        outside the root; a FIFO or device): it is never read, and the append's rename replaces it. The name must
+        still reach the opened file: a planted link whose planted name went between the open and the check has one
+        name left, outside the root."""
         try:
             fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC)
         except FileNotFoundError:
@@ -479,6 +481,8 @@ class FsspecStorage:
                 if stat.S_ISDIR(st.st_mode):
                     raise IsADirectoryError(errno.EISDIR, "Is a directory", full)
                 what = hard_link_kind(st.st_nlink) if stat.S_ISREG(st.st_mode) else "not a regular file"
+                if what is None and not _still_named(full, st):
+                    what = "a file its name no longer reaches (swapped while it was opened)"
                 if what is None:
                     os.set_blocking(fd, True)
                     with os.fdopen(os.dup(fd), "rb") as fh:
@@ -561,3 +565,12 @@ class FsspecStorage:
         if sources:  # fsspec copies and deletes a list in batches (concurrently on async stores)
             self.fs.copy(sources, targets)
             self.fs.rm(sources)
+
+
+def _still_named(full: str, st: os.stat_result) -> bool:
+    """Whether the path ``full`` still names the file opened as ``st`` (not followed if it is a link)."""
+    try:
+        now = os.stat(full, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)

@@ -7,7 +7,8 @@ a hard link to a file outside the root and one to another file inside, planted b
 while it runs. What must hold: the linked file keeps every byte (and its other names), the node's lines go to a
 plain file with one name that holds its lines and nothing else, and a WARNING names the file.
 
-:func:`plant_hard_link` is the planting step for the fault harness (hostile.py's fuzzer, the randomised trials).
+:func:`plant_hard_link` is the planting step for the fault harness (the randomised trials, hostile_mix.py) and for
+this file's hypothesis fuzzer, which interleaves plantings with a live writer's appends.
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from faultkit import LAYOUT
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from swarm_gdrive.protocol.metrics import NodeLog
 from swarm_gdrive.protocol.records import EventRecord, MetricRecord, decode_lines
@@ -277,3 +282,87 @@ def test_only_a_second_name_is_refused() -> None:
 
     assert hard_link_kind(0) is None and hard_link_kind(1) is None
     assert "a hard link" in (hard_link_kind(2) or "") and "3 names" in (hard_link_kind(3) or "")
+
+
+# -- the hypothesis fuzzer of the class ---------------------------------------------------------
+
+LINK_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(1, 3)),
+        st.tuples(st.just("plant"), st.sampled_from(["outside", "inside"])),
+        st.tuples(st.just("race"), st.just("outside")),
+    ),
+    min_size=1,
+    max_size=10,
+)
+
+
+class PlantedNameRemovedAfterOpen:
+    """The swap raced between a node's open and its check: armed, the next ``os.open`` of the log's name (a bare
+    name beside a folder descriptor, local; a whole path, file://) opens the planted link and then removes the
+    planted name, so that the opened file has one name left, the victim's own outside the folder."""
+
+    def __init__(self, planted: Path) -> None:
+        self.planted, self.armed, self.real = planted, False, os.open
+
+    def __call__(self, path, flags, *args, **kwargs):
+        fd = self.real(path, flags, *args, **kwargs)
+        if self.armed and os.path.basename(os.fsdecode(path)) == self.planted.name:
+            self.armed = False
+            self.planted.unlink()
+        return fd
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(backend=st.sampled_from(list(BACKENDS)), writer=st.sampled_from(["metrics", "append_bytes"]), ops=LINK_OPS)
+def test_any_sequence_of_appends_and_planted_links_writes_no_byte_into_a_linked_file(backend, writer, ops) -> None:
+    """A long-lived writer's appends interleaved with hard links planted at its log: to a file outside the folder, to
+    another node's file inside it, or to an outside file with the planted name removed between the node's next open
+    and its check (a raced swap, also on a first append). Every linked file keeps its bytes (read through a
+    descriptor held from before); the log ends as a plain file with one name holding exactly the lines appended since
+    the last planting: not a byte of a linked file."""
+    from swarm_gdrive.storage import local
+
+    local._appended.clear()  # a new node process: nothing remembered (a folder of an earlier example may have had
+    # this one's inode number)
+    with tempfile.TemporaryDirectory() as tmp:
+        root, outside = Path(tmp) / "drive", Path(tmp) / "outside"
+        root.mkdir()
+        outside.mkdir()
+        storage = BACKENDS[backend](root)
+        log = NodeLog(storage, LAYOUT, "w1")
+        rel = LAYOUT.metrics_file("w1") if writer == "metrics" else f"{LAYOUT.root}/logs/w1/raw.jsonl"
+        race = PlantedNameRemovedAfterOpen(root / rel)
+        held: list[tuple[int, bytes]] = []  # (descriptor, the bytes it must keep) of every linked file
+        since: list[int] = []
+        value = 0
+        try:
+            with mock.patch.object(os, "open", race):
+                for i, (op, arg) in enumerate(ops):
+                    if op == "append":
+                        for _ in range(arg):
+                            value += 1
+                            if writer == "metrics":
+                                log.metric({"a": value}, round_=value)
+                                assert log.flush()
+                            else:
+                                storage.append_bytes(rel, b'{"v": %d}\n' % value)
+                            since.append(value)
+                        continue
+                    if arg == "inside":
+                        target, content = root / f"{LAYOUT.root}/logs/w2/other-{i}.jsonl", OTHER
+                    else:
+                        target, content = outside / f"victim-{i}.txt", VICTIM
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(content)
+                    held.append((race.real(target, os.O_RDONLY), content))
+                    plant_hard_link(root, rel, target)
+                    race.armed = op == "race"
+                    since = []
+            for fd, content in held:
+                assert os.pread(fd, 1 << 16, 0) == content, ops
+            if since:
+                check_lines(own_plain_file(root / rel), writer, since)
+        finally:
+            for fd, _ in held:
+                os.close(fd)

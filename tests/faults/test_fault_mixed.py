@@ -24,11 +24,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
         ("forged_state", 7, "async"),
         ("symlink:events_file", 8, "async"),
         # Issue 30: a hard link out of the folder at a node's log, names that are not UTF-8 where readers list, a
-        # second coordinator with RESET_EXPERIMENT=true beside the live one (it must exit 2).
+        # second coordinator with RESET_EXPERIMENT=true beside the live one (it must exit 2), experiment.json and the
+        # state rewritten with another run (signed by nobody: no worker follows it).
         ("hard_link:metrics", 9, "sync"),
         ("hard_link:events", 10, "async"),
         ("names_not_utf8", 11, "sync"),
         ("rival_coordinator", 12, "sync"),
+        ("forged_run", 13, "sync"),
     ],
 )
 def test_a_hostile_class_at_a_random_moment_with_a_kill_costs_nothing(tmp_path, cls, seed, round_mode):

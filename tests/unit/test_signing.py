@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import stat
+import tempfile
 import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from swarm_gdrive.config import from_env
 from swarm_gdrive.envparse import ConfigError
@@ -344,6 +347,85 @@ def test_a_follower_of_an_experiment_without_a_key_keeps_the_confirm_window(tmp_
     assert follower.read(1).seq == 2
     clock.now += 2.0
     assert follower.read(1).status == "finished"  # unsigned, and it stayed: played, as before keys
+
+
+# -- the hypothesis fuzzer of the lifecycle (issue #30, class 3) -------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_keys(tmp_path_factory):
+    """The coordinator's key and a forger's, made once (a key file each) for every example of the fuzzer."""
+    where = tmp_path_factory.mktemp("fuzz-keys")
+    return CoordinatorKey.load_or_create(where / "k.pem"), CoordinatorKey.load_or_create(where / "mallory.pem")
+
+
+@st.composite
+def forgeries(draw) -> tuple[StateRecord, str, str, float]:
+    """One forged state: any lifecycle change (finish, stop, a jump, another run, another NODE_ID, a mode), how it
+    is signed (not; by the forger's own key; with the coordinator's signature of another state copied; signed by
+    the coordinator key and changed after), what experiment.json is planted beside it, and how long it stays."""
+    fake = state(
+        draw(st.integers(0, 1000)),
+        draw(st.integers(3, 10**6)),
+        status=draw(st.sampled_from(["waiting", "running", "finished", "stopped"])),
+        run_id=draw(st.sampled_from([RUN, OTHER, "c" * 16])),
+        max_rounds=draw(st.integers(1, 2000)),
+        coordinator_id=draw(st.sampled_from(["coord", "coord2", "w1"])),
+        advance_reason=draw(st.sampled_from(["start", "resume", "all_submitted", "interval", "finished", "deadline"])),
+        mode=draw(st.sampled_from(["sync", "async"])),
+        live_workers=draw(st.lists(st.sampled_from(["w1", "w2", "w3"]), max_size=3, unique=True)),
+        updated_at=draw(st.floats(0, 1e9)),
+    )
+    signer = draw(st.sampled_from(["none", "mallory", "stale", "tampered"]))
+    planted = draw(st.sampled_from(["none", "mallory_run", "run_changed"]))
+    return fake, signer, planted, draw(st.floats(0, 120))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(forgeries(), min_size=1, max_size=4))
+def test_no_lifecycle_change_the_pinned_key_did_not_sign_is_ever_played(two_keys, planted):
+    """Whatever a participant writes into the state file and experiment.json, for however long, a worker that pinned
+    the coordinator key plays none of it (no finish, stop, jump, reset or run change: the state it follows stays the
+    coordinator's, and no RunChangedError), and the coordinator's next state is played at once."""
+    key, mallory = two_keys
+    with tempfile.TemporaryDirectory() as tmp:
+        storage = LocalStorage(Path(tmp))
+        writer = Exchange(storage, LAYOUT, "coord")
+        writer.signer = key.sign
+        forger = Exchange(storage, LAYOUT, "mallory")
+        writer.write_experiment(experiment(key))
+        clock = Clock()
+        follower = StateFollower(
+            Exchange(storage, LAYOUT, "w1", run_id=RUN),
+            experiment(key),
+            None,
+            2.0,
+            lambda *a: None,
+            clock,
+            4.0,
+            key=key.public,
+        )
+        writer.write_state(state(0, 2))
+        assert follower.read(0).seq == 2
+        for fake, signer, beside, stays in planted:
+            if signer == "mallory":
+                fake = mallory.sign(fake)
+            elif signer == "stale":  # the coordinator's signature of the state it wrote, copied onto another
+                fake = fake.model_copy(update={"signature": key.sign(state(0, 2)).signature})
+            elif signer == "tampered":  # signed by the coordinator key, then changed
+                fake = key.sign(fake).model_copy(update={"seq": fake.seq + 1})
+            if beside == "mallory_run":
+                forger.write_experiment(experiment(mallory, fake.run_id, created_at=50.0))
+            elif beside == "run_changed":
+                forger.write_experiment(experiment(key).model_copy(update={"run_id": fake.run_id}))
+            forger.write_state(fake)
+            for step in (0.0, stays / 2, stays / 2):
+                clock.now += step
+                played = follower.read(1)
+                assert played is not None and played.seq == 2 and played.run_id == RUN, (fake, signer, beside)
+        writer.write_experiment(experiment(key))
+        writer.write_state(state(1, 5))
+        assert follower.read(1).seq == 5  # the coordinator's next state, at once
 
 
 # -- notebooks: the key in your own My Drive ---------------------------------------------------
