@@ -13,6 +13,12 @@ from collections.abc import Callable, Mapping, Sequence
 LineSink = Callable[[str], None]
 
 
+#: ``-P`` (Python 3.11+): a node started as ``python -m`` does not put the working directory first on its path, so a
+#: ``torch.py`` or ``numpy.py`` beside the folder it was started from (the shared folder, if someone ran the command
+#: there) is never imported. Python 3.10 has no such flag: start nodes from a folder only you write.
+SAFE_PATH: list[str] = ["-P"] if sys.version_info >= (3, 11) else []
+
+
 class NodeProcess:
     """One node as a child process (``python -m swarm_gdrive.launcher``).
 
@@ -28,7 +34,7 @@ class NodeProcess:
         self.lines: list[str] = []
         self._sink = sink
         self.proc = subprocess.Popen(
-            list(argv) if argv is not None else [sys.executable, "-u", "-m", "swarm_gdrive.launcher"],
+            list(argv) if argv is not None else [sys.executable, *SAFE_PATH, "-u", "-m", "swarm_gdrive.launcher"],
             env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

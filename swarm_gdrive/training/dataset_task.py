@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import importlib.util
 import json
 import logging
 import random
@@ -221,8 +222,13 @@ class _MathChecker:
             return 0.0
 
     def _start(self) -> None:
+        # -P (3.11+): the working directory is not put first on the child's sys.path, so that a math_verify.py or
+        # sympy.py beside a node started from some folder (even the shared one) is never imported; before 3.11 the
+        # child starts in the folder the package is imported from, which is on its path already.
+        safe = ["-P"] if sys.version_info >= (3, 11) else []
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "swarm_gdrive.training.math_child"],
+            [sys.executable, *safe, "-m", "swarm_gdrive.training.math_child"],
+            cwd=None if safe else str(Path(__file__).resolve().parents[2]),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -414,6 +420,11 @@ class DatasetTask:
         """The dataset of a node's TrainingSettings (DATASET_PATH and its companions), read from its own copy."""
         if not config.dataset_path:
             raise ValueError("DATASET_PATH=<unset>: TASK_SOURCE=datasets needs this node's copy of the dataset")
+        if config.dataset_answer_check == "math" and importlib.util.find_spec("math_verify") is None:
+            raise ValueError(
+                "DATASET_ANSWER_CHECK=math: math-verify is not installed (pip install 'swarm-gdrive[datasets]'), or "
+                "use DATASET_ANSWER_CHECK=numeric or exact"
+            )
         rows = load_rows(
             config.dataset_path, config.dataset_config, config.dataset_split, config.dataset_max_rows,
             config.gdrive_path, cache_dir(config.local_dir),

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -133,3 +135,24 @@ def test_two_workers_train_on_a_dataset_and_rescore_each_other(tmp_path, taught_
             assert entry is not None and entry["metadata"]["index"] == group.provenance.index
             assert list(reward.score(entry, group.completions)) == pytest.approx(group.rewards), group.group_id
         assert all(g.task == "dataset" for g in batch.groups)
+
+
+def test_the_worked_example_of_docs_tasks_md_runs_as_written(tmp_path):
+    """docs/tasks.md's worked example, its bash block run as written (the JSONL file written by the page's own
+    script, then ``swarm-gdrive demo --tiny`` on it), only the file's path moved into this test's folder."""
+    text = (TESTS.parent / "docs" / "tasks.md").read_text(encoding="utf-8")
+    block = text.split("## Worked example", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    data = tmp_path / "apples.jsonl"
+    script = block.replace("/tmp/apples.jsonl", str(data))
+    assert script.count(str(data)) == 2, block  # the page writes the file, then trains on it
+    bin_dir = str(Path(sys.executable).parent)  # this venv's python and swarm-gdrive, as after the README's install
+    env = {**os.environ, "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]), "TMPDIR": str(tmp_path)}
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    assert len(data.read_text().splitlines()) == 30
+    assert re.search(r"\(dataset [0-9.]+ ± [0-9.]+ of 4\)", out), out[-4000:]  # EVAL_SAMPLES=4 of the file held out
+    assert "exit codes {'coordinator': 0, 'worker-1': 0, 'worker-2': 0}" in out, out[-4000:]
+    assert "external groups from 1 peers" in out, out[-4000:]

@@ -249,3 +249,22 @@ def test_monitor_and_validator_report_a_dead_worker_and_its_missing_rounds(tmp_p
     assert not any(
         "worker-1" in msg for (code, _), msg in found.items() if code not in ("state", "storage", "sapo_starved")
     )
+
+
+def test_a_node_never_imports_a_module_planted_in_the_folder_it_was_started_from(tmp_path, monkeypatch):
+    """A node is ``python -m swarm_gdrive.launcher``, which would put the working directory first on its path: a
+    package planted there under the name of one it imports (here ``swarm_gdrive`` itself; a shared folder's root is
+    writable by every participant, and someone may start a node from it) must not run."""
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "ran"
+    fake = tmp_path / "swarm_gdrive"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(f"open({str(marker)!r}, 'a').write('planted')\n")
+    (fake / "launcher.py").write_text("")
+    node = NodeProcess("w1", {"GDRIVE_PATH": "", "NODE_ROLE": "worker"})
+    try:
+        code = node.wait(timeout=120)
+    finally:
+        stop_all([node])
+    assert not marker.exists(), node.lines[-10:]
+    assert code == 2 and any("GDRIVE_PATH" in line for line in node.lines), node.lines[-10:]  # the real launcher

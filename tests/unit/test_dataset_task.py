@@ -166,6 +166,36 @@ def test_symbolic_blowups_within_the_whitelist_are_cut_the_same_in_every_thread(
     assert seen == [0.0, 1.0]
 
 
+def test_math_verify_never_imports_a_module_planted_beside_the_nodes_working_directory(tmp_path, monkeypatch) -> None:
+    """math-verify runs in a child process (``python -m``), which would put the working directory first on its path:
+    a ``math_verify.py`` there (a node started from a folder anyone writes, even the shared one) must not run."""
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "ran"
+    for name in ("math_verify", "sympy"):
+        (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r})\n")
+    checker = dataset_task._MathChecker()
+    try:
+        assert checker.check("1 + x^2", "x^2 + 1") == 1.0
+    finally:
+        checker._stop()
+    assert not marker.exists(), marker.read_text()
+
+
+def test_math_answers_without_math_verify_installed_are_refused_at_start_naming_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DATASET_ANSWER_CHECK=math without math-verify (datasets installed alone) used to fail at the first symbolic
+    answer, mid-round; now the node refuses to start, naming the setting and the fix."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "math_verify" else real(name, *a))
+    env = dataset_env(tmp_path)
+    with pytest.raises(ConfigError, match=r"^DATASET_ANSWER_CHECK=math: math-verify is not installed \(pip install"):
+        from_env(env)
+    assert from_env({**env, "DATASET_ANSWER_CHECK": "numeric"}).dataset_answer_check == "numeric"
+
+
 # -- loading ---------------------------------------------------------------------------------------------------------
 
 
