@@ -767,12 +767,9 @@ def test_results_analysis_notebook_compares_and_plots(colab, study, tmp_path):
 
 
 @COLD_BUILD
-def test_multi_node_one_gpu_notebook_trains_workers_on_one_device(colab, tmp_path, tiny_model):
-    drive = tmp_path / "drive"
-    copy_repository(drive / "MyDrive" / "swarm-gdrive")
-    runtime = ColabRuntime(colab, tmp_path / "runtime", drive)
-    nb = runtime.execute(
-        "multi_node_one_gpu.ipynb",
+def one_gpu_params(runtime: ColabRuntime, tiny_model: str) -> dict[str, object]:
+    """multi_node_one_gpu.ipynb's form on the tiny model: 2 workers on the CPU, one round of 2 questions x 2."""
+    return dict(
         EXPERIMENT_NAME="one-gpu",
         WORKLOAD="grpo",
         MODEL_NAME=tiny_model,
@@ -788,6 +785,13 @@ def test_multi_node_one_gpu_notebook_trains_workers_on_one_device(colab, tmp_pat
         EXTRA_ENV={**FAST, "MAX_NEW_TOKENS": "8", "EVAL_SAMPLES": "2", "OMP_NUM_THREADS": "1"},
         **storage_params(runtime, "swarm-gdrive"),
     )
+
+
+def test_multi_node_one_gpu_notebook_trains_workers_on_one_device(colab, tmp_path, tiny_model):
+    drive = tmp_path / "drive"
+    copy_repository(drive / "MyDrive" / "swarm-gdrive")
+    runtime = ColabRuntime(colab, tmp_path / "runtime", drive)
+    nb = runtime.execute("multi_node_one_gpu.ipynb", **one_gpu_params(runtime, tiny_model))
     text = output_text(nb)
     assert "cpu: " in text and "GiB needed" in text  # the memory check ran first
     assert "one worker of" in text and "peak" in text  # on the estimate, printed part by part
@@ -815,22 +819,9 @@ def test_multi_node_one_gpu_notebook_trains_on_a_dataset_from_its_form_fields(co
     had_math_verify = "math-verify" in colab.installed()
     nb = runtime.execute(
         "multi_node_one_gpu.ipynb",
-        EXPERIMENT_NAME="one-gpu",
-        WORKLOAD="grpo",
-        MODEL_NAME=tiny_model,
-        MAX_ROUNDS=1,
-        NUM_TRAIN_SAMPLES=2,
-        NUM_GENERATIONS=2,
-        NUM_TRANSPLANT_TREES=1,
-        NUM_WORKERS=2,
-        DEVICE="cpu",
-        MEMORY_PER_WORKER_GB=0.0,
-        TIMEOUT_SECONDS=100,
+        **one_gpu_params(runtime, tiny_model),
         TASK_SOURCE="datasets",
         DATASET_PATH=str(data),
-        SWARM_LOCAL_DIR=str(runtime.root / "local"),
-        EXTRA_ENV={**FAST, "MAX_NEW_TOKENS": "8", "EVAL_SAMPLES": "2", "OMP_NUM_THREADS": "1"},
-        **storage_params(runtime, "swarm-gdrive"),
     )
     text = output_text(nb)
     assert "worker-1: exit code 0" in text and "worker-2: exit code 0" in text

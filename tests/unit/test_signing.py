@@ -32,17 +32,9 @@ from swarm_gdrive.protocol.signing import (
 )
 from swarm_gdrive.protocol.trust import UNSIGNED_REPORT_SECONDS, StateFollower
 from swarm_gdrive.storage import LocalStorage
-from tests.unit.test_state_trust import OTHER, RUN, state  # the same records, built one way
+from tests.unit.test_state_trust import OTHER, RUN, Clock, state  # the same records and clock, built one way
 
 LAYOUT = Layout("exp")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def new_key(tmp_path: Path, name: str = "k.pem") -> CoordinatorKey:
