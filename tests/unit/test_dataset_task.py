@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import random
 import sys
 import time
@@ -221,6 +222,40 @@ def test_every_local_format_gives_the_same_rows_and_hash(tmp_path: Path) -> None
         hashes.add(DatasetTask(got, SEED, held_out=4).fingerprint)
     assert len(hashes) == 1
     assert len(load_rows(str(jsonl), None, "train", 7, drive, cache)) == 7  # DATASET_MAX_ROWS
+
+
+def test_a_hub_id_loads_through_the_hub_the_same_rows_and_hash_as_a_local_copy(tmp_path: Path) -> None:
+    """DATASET_PATH=owner/name when online: `datasets` asks the Hub (here tests/hub_server.py, a small Hub over HTTP
+    that serves the repository from a folder; HF_ENDPOINT points a node process at it) and the rows, and so the
+    task's hash, are those of the same file read locally."""
+    import subprocess
+
+    from hub_server import COMMIT, HubServer
+
+    rows = gsm8k_rows(20)
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    write_jsonl(repo / "data" / "train.jsonl", rows)
+    local = load_rows(str(repo / "data" / "train.jsonl"), None, "train", 1000, str(tmp_path / "drive"), None)
+    script = (
+        "import json, sys\n"
+        "from swarm_gdrive.training.dataset_task import DatasetTask, load_rows\n"
+        "rows = load_rows('me/apples', None, 'train', 1000, sys.argv[1], sys.argv[2])\n"
+        "print(json.dumps({'rows': list(rows), 'fingerprint': DatasetTask(rows, 42, held_out=4).fingerprint}))\n"
+    )
+    with HubServer({"me/apples": repo}) as hub:
+        env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+        env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"))
+        result = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / "drive"), str(tmp_path / "cache")],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        asked = list(hub.requests)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got["rows"] == rows == list(local)
+    assert got["fingerprint"] == DatasetTask(local, SEED, held_out=4).fingerprint
+    assert ("GET", f"/datasets/me/apples/resolve/{COMMIT}/data/train.jsonl") in asked, asked
 
 
 def test_a_dataset_inside_the_shared_folder_is_refused(tmp_path: Path) -> None:
