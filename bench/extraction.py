@@ -137,18 +137,21 @@ def score_table(saved: dict[str, Any], out: Path, seed: int, preset_name: str = 
     preset = presets.load(preset_name)
     bank = TaskBank(parse_task_mix(preset["TASKS"], preset["TASK_CONFIG"]), seed, held_out=int(preset["EVAL_SAMPLES"]))
     datasets = {task: bank._datasets[task] for task in bank.tasks}  # noqa: SLF001 - the verifiers, nothing else
+    before_of: dict[tuple[int, int], float] = {}  # the old rule's score of a completion, computed once
     per_rule: dict[str, dict[str, Any]] = {}
     for name, rule in RULES.items():
         full, partial, partial_only, changed = [], [], 0, []
-        for row in saved["rows"]:
+        for r, row in enumerate(saved["rows"]):
             entry = bank.question(row["task"], row["index"]).entry
             assert entry["question"] == row["question"], "saved questions must regenerate identically"
-            for c in row["completions"]:
+            for k, c in enumerate(row["completions"]):
                 value = rewards.verifier_score(datasets[row["task"]], entry, rule(c, entry["answer"]))
                 full.append(float(value >= 1.0))
                 partial.append(value)
                 partial_only += 0.0 < value < 1.0
-                before = rewards.verifier_score(datasets[row["task"]], entry, old_lenient(c))
+                if (r, k) not in before_of:
+                    before_of[r, k] = rewards.verifier_score(datasets[row["task"]], entry, old_lenient(c))
+                before = before_of[r, k]
                 if (value >= 1.0) != (before >= 1.0):
                     changed.append({"answer": entry["answer"], "completion": c, "now": value, "before": before})
         per_rule[name] = {

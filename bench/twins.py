@@ -24,7 +24,7 @@ from unittest import mock
 from bench.learning import task_presets
 from swarm_gdrive import presets
 from swarm_gdrive.training import tasks
-from swarm_gdrive.training.twins import estimate_space, normalise_question
+from swarm_gdrive.training.twins import estimate_space, normalise_question, twins_across
 
 
 def old_identity(text: str, task: str | None = None) -> str:
@@ -42,11 +42,11 @@ def count(preset: str, seed: int, scan: int, identity: Callable[..., str]) -> di
         for task in bank.tasks:
             held = [q.question for q in bank.eval_questions(task, held_out)]
             texts = [bank.question(task, i).question for i in range(scan)]
-            trainable = {normalise_question(t, task) for t in texts if not bank.is_held_out(task, t)}
+            trainable = [t for t in texts if not bank.is_held_out(task, t)]
             distinct = len({normalise_question(t, task) for t in texts})
             out[task] = {
                 "held_out": held_out,
-                "with_twin_in_training": sum(normalise_question(h, task) in trainable for h in held),
+                "with_twin_in_training": twins_across(held, trainable, task),
                 "scan": scan,
                 "distinct_normalised": distinct,
                 "distinct_texts": len(set(texts)),

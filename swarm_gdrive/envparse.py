@@ -41,6 +41,14 @@ class ConfigError(ValueError):
         shown = "<unset>" if value is None else repr(value)
         super().__init__(f"{var}={shown}: {fix}")
 
+    @classmethod
+    def named(cls, var: str, value: object, message: str) -> ConfigError:
+        """The error of ``var`` whose ``message`` already names the variable and its value (a lower layer's
+        ValueError): said as it is, not prefixed with ``VAR=value:`` again."""
+        error = cls(var, value, message)
+        error.args = (message,)
+        return error
+
 
 def env_field(
     var: str,

@@ -303,11 +303,8 @@ class Coordinator:
             if existing is None:
                 return self._create()
         if existing is not None and existing.fingerprint != self.config.fingerprint():
-            now = self.config.fingerprint_fields()
             changed = [
-                f"{k.upper()}={existing.config.get(k)!r} (now {now.get(k, getattr(self.config, k, None))!r})"
-                for k in list(now) + [k for k in existing.config if k not in now]
-                if existing.config.get(k) != now.get(k)
+                f"{k.upper()}={then!r} (now {now!r})" for k, now, then in self.config.differing_fields(existing.config)
             ]
             self._reset_or_refuse("it was started with " + ", ".join(changed))
             return self._create()

@@ -346,6 +346,14 @@ class ProtocolSettings(StorageSettings):
         refuses to resume an experiment whose fingerprint differs, and a worker to join it."""
         return {name: getattr(self, name) for name in self.FINGERPRINT_FIELDS}
 
+    def differing_fields(self, other: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+        """``(field, this node's value, other's)`` for every field of :meth:`fingerprint_fields` whose value
+        differs from ``other`` (an experiment.json's ``config``), then every field only ``other`` has; a field this
+        node's fingerprint leaves out (at its default) is shown with that default."""
+        mine = self.fingerprint_fields()
+        keys = list(mine) + [k for k in other if k not in mine]
+        return [(k, mine.get(k, getattr(self, k, None)), other.get(k)) for k in keys if other.get(k) != mine.get(k)]
+
     def fingerprint(self) -> str:
         """sha256 over :meth:`fingerprint_fields`, canonical JSON."""
         blob = json.dumps(self.fingerprint_fields(), sort_keys=True).encode()

@@ -124,8 +124,9 @@ class CoordinatorKey:
             raise KeyFileError(f"cannot write coordinator key file {path}: {exc.strerror or exc}") from None
         finally:
             Path(tmp).unlink(missing_ok=True)
-        logger.info("created the coordinator key %s in %s", short(cls(private, path).public), path)
-        return cls(private, path)
+        key = cls(private, path)
+        logger.info("created the coordinator key %s in %s", short(key.public), path)
+        return key
 
 
 def signed_by(record: ExperimentRecord | StateRecord, public_key: str) -> bool:

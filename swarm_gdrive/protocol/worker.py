@@ -202,16 +202,17 @@ class Worker:
         """Wait for the experiment to exist (one its pinned coordinator key signed, §5.5), learn its run id and pin
         its key, clean up after a killed predecessor."""
         local = self.identity.read_local()
-        refused: list[str] = []
+        refused: str | None = None  # why the last experiment.json seen could not be joined
 
         def joinable() -> ExperimentRecord | None:
+            nonlocal refused
             experiment = self.exchange.read_experiment()
             why = None if experiment is None else pin_verdict(local, experiment, self.config.repin_coordinator_key)
             if why is not None:
-                if not refused or refused[-1] != why:
+                if refused != why:
                     self._rejected(self.layout.experiment_file, why)
                     logger.warning("rejected %s: %s", self.layout.experiment_file, why)
-                refused.append(why)
+                refused = why
                 return None
             return experiment
 
@@ -223,10 +224,10 @@ class Worker:
                 self.config.coordinator_wait_timeout,
             )
             experiment = wait_for(joinable, self.stop, self.config.coordinator_wait_timeout, self._state_backoff)
-        if experiment is None and refused:
+        if experiment is None and refused is not None:
             raise GiveUpError(
                 f"experiment {self.config.experiment_name!r}: for {self.config.coordinator_wait_timeout:g} s "
-                f"(COORDINATOR_WAIT_TIMEOUT) there was no experiment.json this worker may join: {refused[-1]}"
+                f"(COORDINATOR_WAIT_TIMEOUT) there was no experiment.json this worker may join: {refused}"
             )
         if experiment is None:
             raise GiveUpError(
@@ -236,11 +237,10 @@ class Worker:
         self.exchange.run_id = experiment.run_id
         self.experiment = experiment
         self._refuse_other_settings(experiment.config)
-        if local.get("run_id") != experiment.run_id:
-            self.identity.write_local(run_id=experiment.run_id, last_round=None)
         if experiment.public_key is not None and local.get("coordinator_key") != experiment.public_key:
             logger.info("pinned coordinator key %s of experiment %s", short(experiment.public_key), experiment.run_id)
-        self.identity.write_local(**pin_of(experiment))
+        new_run = {"last_round": None} if local.get("run_id") != experiment.run_id else {}  # nothing played of it
+        self.identity.write_local(**pin_of(experiment), **new_run)  # the pin holds the run id
         self._own_temp_cleanup(self._local_last_round())
         return experiment.run_id
 
@@ -262,16 +262,11 @@ class Worker:
     def _refuse_other_settings(self, experiment_config: dict) -> None:
         """Refuse to join an experiment defined with other settings: its groups, rewards and model would
         not be comparable with the other workers' (the coordinator wrote them into experiment.json)."""
-        mine = self.config.fingerprint_fields()
-        keys = list(mine) + [k for k in experiment_config if k not in mine]  # a task field only one side has
-        differing = [k for k in keys if k != "experiment_name" and experiment_config.get(k) != mine.get(k)]
-        if not differing:
+        rows = [row for row in self.config.differing_fields(experiment_config) if row[0] != "experiment_name"]
+        if not rows:
             return
-        # a setting this node's fingerprint leaves out at its default is shown with that default
-        shown = ", ".join(
-            f"{k.upper()}={mine.get(k, getattr(self.config, k, None))!r} (experiment: {experiment_config.get(k)!r})"
-            for k in differing
-        )
+        differing = [k for k, _, _ in rows]
+        shown = ", ".join(f"{k.upper()}={mine!r} (experiment: {theirs!r})" for k, mine, theirs in rows)
         fixes = ["set the experiment's values on this worker"]
         if "dataset_rows_hash" in differing:
             fixes.append("use the same copy of the dataset as the coordinator (DATASET_PATH)")

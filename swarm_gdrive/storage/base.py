@@ -7,6 +7,7 @@ Paths are relative POSIX strings (``experiments/x/state/current_state.json``) bu
 from __future__ import annotations
 
 import logging
+import os
 import random
 import uuid
 from collections.abc import Callable, Iterator
@@ -92,6 +93,17 @@ def hard_link_kind(nlink: int) -> str | None:
     if nlink <= 1:
         return None
     return f"a hard link (a file with {nlink} names, one of them maybe outside the root)"
+
+
+def still_named(path: str, st: os.stat_result, dir_fd: int | None = None) -> bool:
+    """Whether ``path`` (beside ``dir_fd``, when given; never followed if it is a link) still names the file opened
+    as ``st``. With one link, the opened file's only name is then this one: not a file outside the root whose
+    planted second name was removed between a writer's open and its check."""
+    try:
+        now = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return os.path.samestat(now, st)
 
 
 # -- temporary names: part of the storage contract (is_temporary: imported above) ----------------------------

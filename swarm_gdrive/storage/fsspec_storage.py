@@ -62,6 +62,7 @@ from swarm_gdrive.storage.base import (
     is_temporary,
     listable_name,
     retrying,
+    still_named,
     temp_name_for,
 )
 from swarm_gdrive.storage.local import TRANSIENT_ERRNOS
@@ -481,7 +482,7 @@ class FsspecStorage:
                 if stat.S_ISDIR(st.st_mode):
                     raise IsADirectoryError(errno.EISDIR, "Is a directory", full)
                 what = hard_link_kind(st.st_nlink) if stat.S_ISREG(st.st_mode) else "not a regular file"
-                if what is None and not _still_named(full, st):
+                if what is None and not still_named(full, st):
                     what = "a file its name no longer reaches (swapped while it was opened)"
                 if what is None:
                     os.set_blocking(fd, True)
@@ -565,12 +566,3 @@ class FsspecStorage:
         if sources:  # fsspec copies and deletes a list in batches (concurrently on async stores)
             self.fs.copy(sources, targets)
             self.fs.rm(sources)
-
-
-def _still_named(full: str, st: os.stat_result) -> bool:
-    """Whether the path ``full`` still names the file opened as ``st`` (not followed if it is a link)."""
-    try:
-        now = os.stat(full, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)

@@ -44,6 +44,7 @@ from swarm_gdrive.storage.base import (
     is_temporary,
     listable_name,
     retrying,
+    still_named,
     temp_name_for,
 )
 
@@ -578,17 +579,6 @@ def _forget_appended(dir_fd: int, name: str) -> None:
         _appended.pop(_append_key(dir_fd, name), None)
 
 
-def _named_here(dir_fd: int, name: str, st: os.stat_result) -> bool:
-    """Whether ``name`` in the folder still names the file opened as ``st``. With one link, the opened file's only
-    name is then this one: not a file outside the root whose planted second name was removed between the open and
-    the check (on a first append, before :data:`_appended` remembers anything)."""
-    try:
-        now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
-
-
 def _open_for_append(dir_fd: int, target: RootedPath) -> int:
     """The writer's own log opened for appending: the one way this backend writes into an existing file.
 
@@ -600,9 +590,9 @@ def _open_for_append(dir_fd: int, target: RootedPath) -> int:
     slip through; every append opens and checks again, so a log swapped for a link mid-run is caught at the next.
     A file that is not the one this process appended to last (:data:`_appended`) is replaced too: a link whose
     other name went between the open and the check has one name, but it is still not the node's log; on a first
-    append, which remembers nothing, the name must still reach the opened file (:func:`_named_here`), so that the
-    opened file's one name is the log's. The fresh file is created exclusively, so nothing planted in between is
-    taken for it.
+    append, which remembers nothing, the name must still reach the opened file
+    (:func:`~swarm_gdrive.storage.base.still_named`), so that the opened file's one name is the log's. The fresh file
+    is created exclusively, so nothing planted in between is taken for it.
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC
     key = _append_key(dir_fd, target.name)
@@ -624,7 +614,7 @@ def _open_for_append(dir_fd: int, target: RootedPath) -> int:
             known = _appended.get(key)
             if kind is None and not fresh and known is not None and known != (st.st_dev, st.st_ino):
                 kind = "another file than the log appended to before (swapped in since)"
-            if kind is None and not fresh and not _named_here(dir_fd, target.name, st):
+            if kind is None and not fresh and not still_named(target.name, st, dir_fd):
                 kind = "a file its name no longer reaches (swapped while it was opened)"
             if kind is None:  # a plain file with this one name: ours to append to
                 _appended[key] = (st.st_dev, st.st_ino)

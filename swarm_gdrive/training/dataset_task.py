@@ -44,6 +44,7 @@ from typing import Any
 from swarm_gdrive.protocol.records import Provenance, RolloutGroup
 from swarm_gdrive.storage.settings import inside_shared_folder
 from swarm_gdrive.training import rewards
+from swarm_gdrive.training.settings import ANSWER_CHECKS
 from swarm_gdrive.training.tasks import Question, QuestionSpaceTooSmall, build_messages
 from swarm_gdrive.training.twins import TaskSplit, normalise_question
 
@@ -57,7 +58,6 @@ MAX_DATASET_BYTES = 2 * 1024**3
 ANSWER_CHAR_LIMIT = 256
 #: The file suffixes read as data files, and the `datasets` builder of each.
 BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
-ANSWER_CHECKS = ("math", "numeric", "exact")
 
 _NUMBER = re.compile(r"[-+]?\d{1,30}(?:\.\d{1,30})?|[-+]?\d{1,30}/\d{1,30}")
 
@@ -374,8 +374,7 @@ class DatasetTask:
     ) -> None:
         if answer_check not in ANSWER_CHECKS:
             raise ValueError(f"DATASET_ANSWER_CHECK={answer_check!r}: use one of {', '.join(ANSWER_CHECKS)}")
-        if extraction not in rewards.EXTRACTION_MODES:
-            raise ValueError(f"extraction mode {extraction!r} is not one of {rewards.EXTRACTION_MODES}")
+        rewards.check_extraction(extraction)
         if not rows:
             raise ValueError("DATASET_PATH: the dataset has no rows")
         for var, column in (("DATASET_QUESTION_COLUMN", question_column), ("DATASET_ANSWER_COLUMN", answer_column)):
@@ -391,11 +390,12 @@ class DatasetTask:
         self.levels: dict[str, list[dict[str, Any]]] = {TASK_NAME: [{}]}
         self.current_level = {TASK_NAME: 0}
         self._questions = [str(row[question_column]) for row in self.rows]
+        keys = [normalise_question(q) for q in self._questions]  # each question normalised once
         order = list(range(len(self.rows)))
         random.Random(f"held-out:{seed}").shuffle(order)
         held: dict[str, int] = {}
         for i in order:
-            key = normalise_question(self._questions[i])
+            key = keys[i]
             if key not in held:
                 held[key] = i
                 if len(held) == held_out:
@@ -404,10 +404,11 @@ class DatasetTask:
         self._held = list(held.values())
         #: held-out questions that another row asks in other words (the same once normalised): kept out too
         held_texts = {self._questions[i] for i in self._held}
-        reworded = {normalise_question(q) for q in self._questions if q not in held_texts}
+        reworded = {key for q, key in zip(self._questions, keys, strict=True) if q not in held_texts}
         self.near_twins = len(reworded & self._held_keys)
-        self._train = [i for i in range(len(self.rows)) if normalise_question(self._questions[i]) not in held]
-        distinct = len({normalise_question(self._questions[i]) for i in self._train})
+        self._train = [i for i, key in enumerate(keys) if key not in held]
+        self._train_keys = frozenset(keys[i] for i in self._train)
+        distinct = len(self._train_keys)
         if len(held) < held_out or distinct < held_out:
             raise QuestionSpaceTooSmall(
                 f"the dataset has {len(held) + distinct} distinct questions, too few to hold out EVAL_SAMPLES="
@@ -460,7 +461,7 @@ class DatasetTask:
     def split(self, draws: int) -> TaskSplit:
         """The held-out split as a worker reports it at start (:func:`~swarm_gdrive.training.twins.log_splits`): the
         near-twins kept out of training, and the distinct questions against the run's ``draws``."""
-        train = {normalise_question(self._questions[i]) for i in self._train}
+        train = self._train_keys
         return TaskSplit(
             task=TASK_NAME,
             held_out=len(self._held),
@@ -519,6 +520,4 @@ class DatasetTask:
 
     def messages(self, question: str) -> list[dict[str, str]]:
         """DATASET_SYSTEM_PROMPT (unset: reasoning-gym's default), then the question."""
-        if self.system_prompt is None:
-            return build_messages(question)
-        return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": question}]
+        return build_messages(question, self.system_prompt)

@@ -144,8 +144,7 @@ def extract_answer(completion: str, mode: str = "strict") -> str | None:
     answer (:func:`lenient_answer`): small models often state the right number without the tag (see the
     learning-signal table in docs/training.md). ``strict`` is the default, for replication of the SAPO paper.
     """
-    if mode not in EXTRACTION_MODES:
-        raise ValueError(f"extraction mode {mode!r} is not one of {EXTRACTION_MODES}")
+    check_extraction(mode)
     matches = _ANSWER_RE.findall(completion)
     if matches:
         return matches[-1].strip()
@@ -181,7 +180,7 @@ def is_safe_for_eval(answer: str) -> bool:
 
 def verifier_score(dataset: Verifier, entry: dict[str, Any], answer: str | None) -> float:
     """The task verifier's score of ``answer`` in [0, 1]; 0.0 for None, a screened answer or a verifier error."""
-    task = _task_of(entry)
+    task = task_of(entry)
     if task in UNSAFE_VERIFIER_TASKS:
         raise ValueError(f"task {task!r} has a verifier that evaluates answer text as code; it cannot be scored")
     if answer is None or len(answer) > ANSWER_CHAR_LIMITS.get(task, len(answer)):
@@ -223,12 +222,19 @@ def score(
     return correctness + format_weight * format_reward(completion)
 
 
+def check_extraction(mode: str) -> None:
+    """ValueError unless ``mode`` is one of :data:`EXTRACTION_MODES` (ANSWER_EXTRACTION)."""
+    if mode not in EXTRACTION_MODES:
+        raise ValueError(f"extraction mode {mode!r} is not one of {EXTRACTION_MODES}")
+
+
 def credit(correctness: float, partial_credit: bool) -> float:
     """A verifier's score as the correctness term: kept (PARTIAL_CREDIT=true), or 1.0 for a full score and 0.0 for
     anything less."""
     return correctness if partial_credit else float(correctness >= 1.0)
 
 
-def _task_of(entry: dict[str, Any]) -> str | None:
+def task_of(entry: dict[str, Any]) -> str | None:
+    """The reasoning-gym task that generated ``entry`` (its metadata's ``source_dataset``); None when not said."""
     metadata = entry.get("metadata")
     return metadata.get("source_dataset") if isinstance(metadata, dict) else None

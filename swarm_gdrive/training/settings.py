@@ -416,9 +416,7 @@ def check_task_mix(config: TrainingSettings) -> None:
         if isinstance(exc, QuestionSpaceTooSmall):
             raise ConfigError("EVAL_SAMPLES", config.eval_samples, str(exc)) from None
         var = "TASK_CONFIG" if "TASK_CONFIG" in str(exc).split("=", 1)[0] else "TASKS"
-        error = ConfigError(var, getattr(config, var.lower()), str(exc))
-        error.args = (str(exc),)  # the task parser's message already names the variable and value
-        raise error from None
+        raise ConfigError.named(var, getattr(config, var.lower()), str(exc)) from None  # the parser named it
 
 
 def check_model_cache_dir(model_cache_dir: str, gdrive_path: str) -> None:

@@ -98,18 +98,14 @@ def check_task(config: TrainingSettings, probe: bool) -> None:
         except QuestionSpaceTooSmall as exc:
             raise ConfigError("EVAL_SAMPLES", config.eval_samples, str(exc)) from None
         except ValueError as exc:
-            error = ConfigError("DATASET_PATH", config.dataset_path, str(exc))
-            error.args = (str(exc),)  # the message names the variable and its value
-            raise error from None
+            raise ConfigError.named("DATASET_PATH", config.dataset_path, str(exc)) from None
     if not config.reward_functions:
         return
     if not probe:  # a coordinator: the names alone enter the fingerprint, their code runs on the workers
         try:
             reward_function_names(config.reward_functions)
         except ValueError as exc:
-            error = ConfigError("REWARD_FUNCTIONS", config.reward_functions, str(exc))
-            error.args = (str(exc),)
-            raise error from None
+            raise ConfigError.named("REWARD_FUNCTIONS", config.reward_functions, str(exc)) from None
         return
     from swarm_gdrive.training.reward_terms import RewardFunctionError, build_reward
     from swarm_gdrive.training.task import build_task
@@ -126,6 +122,4 @@ def check_task(config: TrainingSettings, probe: bool) -> None:
             "REWARD_FUNCTIONS", config.reward_functions, f"{exc} on a probe call (docs/tasks.md: the contract)"
         ) from None
     except ValueError as exc:
-        error = ConfigError("REWARD_FUNCTIONS", config.reward_functions, str(exc))
-        error.args = (str(exc),)
-        raise error from None
+        raise ConfigError.named("REWARD_FUNCTIONS", config.reward_functions, str(exc)) from None

@@ -224,8 +224,7 @@ class TaskBank:
         """``held_out`` (EVAL_SAMPLES): the distinct questions per task (and level) kept out of training;
         ``extraction`` (ANSWER_EXTRACTION): how :meth:`correctness` reads a completion's answer;
         ``partial_credit`` (PARTIAL_CREDIT): whether :meth:`correctness` keeps a verifier's partial score."""
-        if extraction not in rewards.EXTRACTION_MODES:
-            raise ValueError(f"extraction mode {extraction!r} is not one of {rewards.EXTRACTION_MODES}")
+        rewards.check_extraction(extraction)
         if not specs:
             raise ValueError("TaskBank needs at least one TaskSpec")
         if isinstance(dataset_seed, bool) or not isinstance(dataset_seed, int) or not 0 <= dataset_seed <= 2**63:
@@ -390,22 +389,24 @@ class TaskBank:
         partial_credit: bool = True,
     ) -> tuple[float, ...]:
         """Rewards of ``completions`` against a locally generated ``entry``, one per completion."""
-        task = entry.get("metadata", {}).get("source_dataset")
-        if task not in self._datasets:
-            raise ValueError(f"entry of task {task!r} does not come from this bank (tasks: {', '.join(self.tasks)})")
-        dataset = self._datasets[task]
+        dataset = self._dataset_of(entry)
         return tuple(
             rewards.score(dataset, entry, completion, format_weight, extraction, partial_credit)
             for completion in completions
         )
 
+    def _dataset_of(self, entry: dict[str, Any]) -> ProceduralDataset:
+        """The dataset of this bank that generated ``entry`` (its metadata's ``source_dataset``)."""
+        task = rewards.task_of(entry)
+        if task not in self._datasets:
+            raise ValueError(f"entry of task {task!r} does not come from this bank (tasks: {', '.join(self.tasks)})")
+        return self._datasets[task]
+
     def correctness(self, entry: dict[str, Any], completion: str) -> float:
         """The task verifier's score of ``completion``'s extracted answer (ANSWER_EXTRACTION), in [0, 1]: the
         correctness term of :class:`~swarm_gdrive.training.reward_terms.Reward`."""
-        task = entry.get("metadata", {}).get("source_dataset")
-        if task not in self._datasets:
-            raise ValueError(f"entry of task {task!r} does not come from this bank (tasks: {', '.join(self.tasks)})")
-        value = rewards.verifier_score(self._datasets[task], entry, rewards.extract_answer(completion, self.extraction))
+        answer = rewards.extract_answer(completion, self.extraction)
+        value = rewards.verifier_score(self._dataset_of(entry), entry, answer)
         return rewards.credit(value, self.partial_credit)
 
     def columns(self, entry: dict[str, Any]) -> dict[str, Any]:
@@ -505,9 +506,13 @@ def system_prompt() -> str:
     return SYSTEM_PROMPTS["default"]
 
 
-def build_messages(question: str) -> list[dict[str, str]]:
-    """Chat messages (system prompt, then the question as the user turn) for a tokenizer's chat template."""
-    return [{"role": "system", "content": system_prompt()}, {"role": "user", "content": question}]
+def build_messages(question: str, system: str | None = None) -> list[dict[str, str]]:
+    """Chat messages (``system``, by default reasoning-gym's system prompt, then the question as the user turn) for a
+    tokenizer's chat template."""
+    return [
+        {"role": "system", "content": system_prompt() if system is None else system},
+        {"role": "user", "content": question},
+    ]
 
 
 def _generate(dataset: ProceduralDataset, index: int) -> dict[str, Any]:

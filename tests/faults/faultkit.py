@@ -139,7 +139,12 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, nodes
 def coordinator_key(swarm: Swarm, node: str = "coord") -> CoordinatorKey:
     """The key the swarm's coordinator signs with (its key file, from its settings): for a test that plants a state
     the signature passes, so that what rejects it is the check under test."""
-    config = from_env({**swarm.env, **swarm.extra.get(node, {}), "NODE_ROLE": "coordinator", "NODE_ID": node})
+    return coordinator_key_from_env({**swarm.env, **swarm.extra.get(node, {})}, node)
+
+
+def coordinator_key_from_env(env: dict[str, str], node: str = "coord") -> CoordinatorKey:
+    """The key of coordinator ``node`` started with ``env``: its key file, where its settings put it."""
+    config = from_env({**env, "NODE_ROLE": "coordinator", "NODE_ID": node})
     key = CoordinatorKey.load(key_path(config.local_dir, config.experiment_name, config.coordinator_key_file))
     assert key is not None, "the coordinator has no key file yet"
     return key

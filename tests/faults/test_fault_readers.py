@@ -20,6 +20,7 @@ from faultkit import (
     LAYOUT,
     Swarm,
     assert_swarm_finished,
+    coordinator_key_from_env,
     events,
     metrics,
     plant_state_until_rejected,
@@ -32,13 +33,11 @@ from faultkit import (
 from hostile import HUGE_REASON, flood_batch, huge_int, plant, stopped_worker
 from swarm_threads import Node, fast_env
 
-from swarm_gdrive.config import from_env
 from swarm_gdrive.protocol import gather as gather_module
 from swarm_gdrive.protocol.exchange import Exchange
 from swarm_gdrive.protocol.gather import PeerGather
 from swarm_gdrive.protocol.polling import Backoff
 from swarm_gdrive.protocol.records import ExperimentRecord, RewardRecord, StateRecord, encode
-from swarm_gdrive.protocol.signing import CoordinatorKey, key_path
 from swarm_gdrive.protocol.workload import StageContext
 from swarm_gdrive.storage import LocalStorage
 
@@ -173,10 +172,7 @@ def test_a_coordinator_restarted_on_an_unreadable_state_mid_run_resumes_after_th
         forged = state.model_copy(update={**change, "status": "running", "seq": state.seq + 5})
         if planted != "another_run":  # signed by the coordinator's own key (a copy of its own put back, say): the
             # round bounds reject it, not the signature, which would reject any other forgery first
-            config = from_env({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})
-            key = CoordinatorKey.load(key_path(config.local_dir, config.experiment_name, config.coordinator_key_file))
-            assert key is not None
-            forged = key.sign(forged.model_copy(update={"signature": None}))
+            forged = coordinator_key_from_env(env).sign(forged)
         (folder / LAYOUT.state_file).write_bytes(encode(forged))
 
     again = Node({**env, "NODE_ROLE": "coordinator", "NODE_ID": "coord"})

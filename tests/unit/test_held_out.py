@@ -92,19 +92,24 @@ def test_draws_are_the_same_on_every_node_and_the_held_out_set_is_distinct():
     assert len({normalise_question(q.question, "chain_sum") for q in hundred}) == 100
 
 
+def peer_group(q) -> RolloutGroup:
+    """A peer's group of one completion for the question ``q`` (its text and provenance)."""
+    return RolloutGroup(
+        group_id="g",
+        task=q.task,
+        question=q.question,
+        provenance=q.provenance,
+        completions=["<answer>1</answer>"],
+        rewards=[0.0],
+    )
+
+
 def test_a_peer_group_with_a_held_out_question_at_a_training_index_is_rejected(bank, caplog):
     held = {q.question for q in bank.eval_questions("chain_sum", 16)}
     index = next(i for i in range(1000) if bank.question("chain_sum", i).question in held)
     twin = bank.question("chain_sum", index)
     assert twin.provenance.index < training_limit("chain_sum")
-    group = RolloutGroup(
-        group_id="g",
-        task="chain_sum",
-        question=twin.question,
-        provenance=twin.provenance,
-        completions=["<answer>1</answer>"],
-        rewards=[0.0],
-    )
+    group = peer_group(twin)
     with caplog.at_level(logging.DEBUG, logger="swarm_gdrive.training.tasks"):
         assert bank.regenerate(group) is None
     assert "held-out evaluation question (same text)" in caplog.text

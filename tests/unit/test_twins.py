@@ -62,7 +62,7 @@ def test_twins_of_held_out_questions_never_reach_training(preset):
 
 
 def test_a_peer_group_with_a_near_twin_of_a_held_out_question_is_rejected():
-    from swarm_gdrive.protocol.records import RolloutGroup
+    from tests.unit.test_held_out import peer_group  # the same group, built one way
 
     bank = preset_bank(SMALL_MODEL_PRESET)
     held = {normalise_question(q.question, "chain_sum"): q.question for q in bank.eval_questions("chain_sum", 8)}
@@ -71,14 +71,7 @@ def test_a_peer_group_with_a_near_twin_of_a_held_out_question_is_rejected():
         for q in (bank.question("chain_sum", i) for i in range(3000))
         if normalise_question(q.question, "chain_sum") in held and q.question not in held.values()
     )
-    group = RolloutGroup(
-        group_id="g",
-        task="chain_sum",
-        question=twin.question,
-        provenance=twin.provenance,
-        completions=["<answer>1</answer>"],
-        rewards=[0.0],
-    )
+    group = peer_group(twin)
     assert bank.regenerate(group) is None
 
 
