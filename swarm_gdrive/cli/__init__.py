@@ -8,6 +8,7 @@ they call does the work: the launcher runs a node, :mod:`swarm_gdrive.observe` r
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 
 from swarm_gdrive.cli.demo import add_demo_parser, demo_env, demo_main
@@ -84,7 +85,9 @@ def main(argv: list[str] | None = None) -> None:
     from swarm_gdrive.storage import StorageError
 
     try:
-        sys.exit(HANDLERS[args.command](args))
+        code = HANDLERS[args.command](args)
     except StorageError as exc:  # no credentials, or a backend refusing the location: one line, not a traceback
         print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
         sys.exit(2)
+    gc.freeze()  # as a node does (launcher.main): no last collection over what torch made, once the work is done
+    sys.exit(code)
