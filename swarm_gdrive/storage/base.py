@@ -12,6 +12,7 @@ import random
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from tenacity import (
@@ -258,6 +259,15 @@ class Space:
     trash: int | None = None
     #: True where a delete moves the file to Drive's trash instead of freeing its bytes (a mounted Drive).
     deletes_to_trash: bool = False
+
+
+def put_file(storage: Storage, path: str, local: Path) -> None:
+    """Write the local file ``local`` (this process's own, not used after) at ``path``: renamed into place where
+    the storage can (:meth:`LocalStorage.move_in <swarm_gdrive.storage.local.LocalStorage.move_in>`, a folder on
+    the same file system), else read and written whole."""
+    move_in = getattr(storage, "move_in", None)
+    if move_in is None or not move_in(path, local):
+        storage.write_bytes(path, local.read_bytes())
 
 
 def human_bytes(n: int | None) -> str:

@@ -32,7 +32,15 @@ from swarm_gdrive.protocol.layout import Layout, parse_round_dir
 from swarm_gdrive.protocol.records import ExperimentRecord, decode
 from swarm_gdrive.protocol.worker import GiveUpError
 from swarm_gdrive.storage import Storage
-from swarm_gdrive.storage.base import Space, free_space, human_bytes, is_temp_of, read_chunks, temp_name_for
+from swarm_gdrive.storage.base import (
+    Space,
+    free_space,
+    human_bytes,
+    is_temp_of,
+    put_file,
+    read_chunks,
+    temp_name_for,
+)
 from swarm_gdrive.training import adapters
 
 if TYPE_CHECKING:
@@ -288,7 +296,7 @@ def save(
         storage.write_bytes(f"{folder}/{MANIFEST}", manifest.to_json())
         with progress.task(f"checkpoint upload (round {round_})", sum(f.size for f in files.values()), "B") as work:
             for path in paths:
-                storage.write_bytes(f"{folder}/{path.name}", path.read_bytes())
+                put_file(storage, f"{folder}/{path.name}", path)
                 work.advance(files[path.name].size)
     storage.write_bytes(f"{folder}/{MANIFEST}", replace(manifest, complete=True).to_json())
     _prune(storage, layout, node_id, keep_last, keep=round_, run_id=run_id)

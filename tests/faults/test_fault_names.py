@@ -54,6 +54,9 @@ class CaseFoldingStorage(LocalStorage):
     def write_bytes(self, path: str, data: bytes) -> None:
         super().write_bytes(path.lower(), data)
 
+    def move_in(self, path: str, local) -> bool:  # noqa: ANN001 - LocalStorage's own signature
+        return super().move_in(path.lower(), local)
+
     def list(self, folder: str, include_hidden: bool = False):
         return super().list(folder.lower(), include_hidden)
 

@@ -122,6 +122,12 @@ class RecordingStorage(LocalStorage):
         self.events.append(("write", path))
         super().write_bytes(path, data)
 
+    def move_in(self, path: str, local: str | os.PathLike[str]) -> bool:
+        moved = super().move_in(path, local)
+        self.writes.append(path)
+        self.events.append(("move" if moved else "write", path))
+        return moved
+
     def delete(self, path: str) -> None:
         self.deletes.append(path)
         self.events.append(("delete", path))
@@ -179,6 +185,9 @@ def test_save_writes_only_allowed_files_with_a_manifest_written_last(tmp_path: P
     train_step(model, optimizer, seed=0)
     folder = checkpoint.save(storage, LAYOUT, NODE, 0, model, tokenizer, optimizer)
     assert storage.writes[0] == storage.writes[-1] == f"{folder}/{MANIFEST}"  # incomplete first, complete last
+    # What save_pretrained wrote to the node's temporary folder (on the folder's file system here) is renamed into
+    # place, not copied: a checkpoint's gigabyte is written once.
+    assert ("move", f"{folder}/model.safetensors") in storage.events
     manifest = read_manifest(tmp_path, 0)
     assert manifest["kind"] == "checkpoint"
     assert manifest["node_id"] == NODE

@@ -337,3 +337,33 @@ def test_a_write_whose_temporary_vanishes_writes_again(root: Path, monkeypatch: 
     assert (root / "peers" / "w1.json").read_bytes() == b'{"ok": 1}'
     assert len(calls) == 2 and calls[0] != calls[1]
     assert [p.name for p in (root / "peers").iterdir()] == ["w1.json"]
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+def test_a_file_moved_in_replaces_a_link_in_its_path_and_lands_inside(root: Path, level: str) -> None:
+    """``move_in`` (a checkpoint's files renamed into the folder) clears what sits in its path as write_bytes does:
+    a link at any level is replaced, never followed, and the file lands inside the root."""
+    link, rel = LEVELS[level]
+    before = snapshot(root.parent)
+    plant_link(root, f"{EXP}/{link}".rstrip("/"), link_target(root.parent / "outside", level))
+    own = root.parent / "own"
+    own.mkdir()
+    (own / "model.safetensors").write_bytes(b"weights")
+    assert LocalStorage(root).move_in(f"{EXP}/{rel}", own / "model.safetensors")
+    assert (root / EXP / rel).read_bytes() == b"weights" and not links_under(root)
+    after = snapshot(root.parent)
+    assert {k: v for k, v in after.items() if k.startswith("outside")} == {
+        k: v for k, v in before.items() if k.startswith("outside")
+    }  # not a byte outside the root
+
+
+def test_a_file_moved_in_over_a_planted_hard_link_leaves_its_other_name_untouched(root: Path) -> None:
+    victim = root.parent / "outside" / "secret.json"
+    (root / EXP).mkdir(parents=True)
+    os.link(victim, root / EXP / "model.safetensors")
+    own = root.parent / "own"
+    own.mkdir()
+    (own / "model.safetensors").write_bytes(b"weights")
+    assert LocalStorage(root).move_in(f"{EXP}/model.safetensors", own / "model.safetensors")
+    assert (root / EXP / "model.safetensors").read_bytes() == b"weights"
+    assert victim.read_bytes() == b"outside" and victim.stat().st_nlink == 1

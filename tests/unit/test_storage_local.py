@@ -381,3 +381,59 @@ def test_non_transient_error_raised_at_once(storage: LocalStorage, monkeypatch: 
 )
 def test_is_transient_os_error(exc: BaseException, expected: bool) -> None:
     assert is_transient_os_error(exc) is expected
+
+
+# -- move_in: a local file renamed into the folder (checkpoints) ------------------------------------------------------
+
+
+def test_move_in_renames_the_file_into_place_without_a_copy(storage: LocalStorage, tmp_path: Path) -> None:
+    own = tmp_path.parent / f"{tmp_path.name}-own"
+    own.mkdir()
+    (own / "optimizer.safetensors").write_bytes(b"x" * 4096)
+    inode = (own / "optimizer.safetensors").stat().st_ino
+    assert storage.move_in("experiments/e/checkpoints/w1/round_0/optimizer.safetensors", own / "optimizer.safetensors")
+    moved = tmp_path / "experiments/e/checkpoints/w1/round_0/optimizer.safetensors"
+    assert moved.read_bytes() == b"x" * 4096 and moved.stat().st_ino == inode  # the same file: renamed, not copied
+    assert not (own / "optimizer.safetensors").exists()
+    assert not [p for p in moved.parent.iterdir() if p.name != moved.name]  # no temporary left
+
+
+def test_move_in_refuses_another_file_system_and_put_file_writes_it_instead(
+    storage: LocalStorage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where no rename reaches (EXDEV: another file system, or another mount of this one), ``move_in`` changes
+    nothing and answers False; ``put_file`` then writes the bytes as write_bytes does, and the local file stays."""
+    from swarm_gdrive.storage.base import put_file
+
+    own = tmp_path.parent / f"{tmp_path.name}-own"
+    own.mkdir()
+    (own / "model.safetensors").write_bytes(b"weights")
+    real_replace = os.replace
+
+    def no_rename_across(src: Any, dst: Any, *, src_dir_fd: Any = None, dst_dir_fd: Any = None) -> None:
+        if src_dir_fd != dst_dir_fd:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        real_replace(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+    monkeypatch.setattr(os, "replace", no_rename_across)
+    assert not storage.move_in("ckpt/model.safetensors", own / "model.safetensors")
+    assert not (tmp_path / "ckpt/model.safetensors").exists() and (own / "model.safetensors").exists()
+    put_file(storage, "ckpt/model.safetensors", own / "model.safetensors")
+    assert (tmp_path / "ckpt/model.safetensors").read_bytes() == b"weights"
+    assert (own / "model.safetensors").read_bytes() == b"weights"  # written, not taken
+
+
+def test_put_file_writes_through_a_storage_without_move_in(tmp_path: Path) -> None:
+    from swarm_gdrive.storage.base import put_file
+
+    class Plain:  # any other backend: bytes only
+        def __init__(self) -> None:
+            self.written: dict[str, bytes] = {}
+
+        def write_bytes(self, path: str, data: bytes) -> None:
+            self.written[path] = data
+
+    (tmp_path / "f.json").write_bytes(b"{}")
+    plain = Plain()
+    put_file(plain, "a/f.json", tmp_path / "f.json")  # type: ignore[arg-type]
+    assert plain.written == {"a/f.json": b"{}"} and (tmp_path / "f.json").exists()
