@@ -43,7 +43,7 @@ MARKS = (
     ("evaluate before", re.compile(r"^\[worker-1\] .*held-out pass@1 before round 0")),
     ("rounds", re.compile(r"^\[worker-1\] .*round \d+ done \((\d+) of \1")),
     ("evaluate after", re.compile(r"^\[worker-1\] .*held-out pass@1 before round [1-9]")),
-    ("checkpoint", re.compile(r"^\[worker-1\] .*checkpoint upload")),
+    ("checkpoint", re.compile(r"^\[worker-1\] .*checkpoint (upload|of round)")),
     ("exit", re.compile(r"^demo: finished in")),
 )
 

@@ -20,6 +20,7 @@ import logging
 import random
 import re
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -278,6 +279,7 @@ def save(
     provably this node's and its pruning can remove it), then every file, then the manifest again with
     ``complete: true``.
     """
+    started = time.monotonic()
     folder = layout.checkpoint_dir(node_id, round_)
     run_id = current_run(storage, layout)
     with tempfile.TemporaryDirectory(prefix="swarm-ckpt-") as tmp:
@@ -299,6 +301,13 @@ def save(
                 put_file(storage, f"{folder}/{path.name}", path)
                 work.advance(files[path.name].size)
     storage.write_bytes(f"{folder}/{MANIFEST}", replace(manifest, complete=True).to_json())
+    logger.info(
+        "checkpoint of round %d: %s in %d files in %.1f s",
+        round_,
+        human_bytes(sum(f.size for f in files.values())),
+        len(files),
+        time.monotonic() - started,
+    )
     _prune(storage, layout, node_id, keep_last, keep=round_, run_id=run_id)
     return folder
 
