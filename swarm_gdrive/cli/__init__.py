@@ -89,5 +89,6 @@ def main(argv: list[str] | None = None) -> None:
     except StorageError as exc:  # no credentials, or a backend refusing the location: one line, not a traceback
         print(f"swarm-gdrive: error: {exc}", file=sys.stderr)
         sys.exit(2)
-    gc.freeze()  # as a node does (launcher.main): no last collection over what torch made, once the work is done
+    if argv is None:  # the command's own process, about to exit (not a caller's): as a node does (launcher.main),
+        gc.freeze()  # no last collection over every object torch made, once the work is done
     sys.exit(code)

@@ -272,7 +272,10 @@ def test_a_second_process_with_a_running_nodes_id_refuses_to_start(tmp_path):
 def test_two_processes_started_together_with_one_node_id_see_each_other_and_the_later_one_stops(tmp_path):
     folder = tmp_path / "drive"
     folder.mkdir()
-    env = swarm_env(folder, MAX_ROUNDS=ROUNDS, MIN_WORKERS=2)
+    # Rounds of at least 0.5 s: the twin needs two looks at its heartbeat file and its farewell writes (about 1.3 s
+    # on a loaded CI machine) to step down, and 3 rounds of 0.3 s once finished the run first (both exited 0).
+    rounds = 6
+    env = swarm_env(folder, MAX_ROUNDS=rounds, MIN_WORKERS=2, SYNTHETIC_STEP_SECONDS=0.5)
     swarm = Swarm(folder, env, ["w1", "w2"])
     try:
         first = swarm.start("w1")
@@ -296,4 +299,4 @@ def test_two_processes_started_together_with_one_node_id_see_each_other_and_the_
     assert [e.message for e in log if e.event == "worker_gave_up"] == [
         next(e.message for e in log if "started later, stops" in e.message)
     ]
-    assert_swarm_finished(folder, ROUNDS)
+    assert_swarm_finished(folder, rounds)

@@ -9,9 +9,10 @@ It does nothing unless ``SWARM_FAULTS`` holds a JSON object; its keys switch on:
   stage was generated), ``publish`` (half of the rollout file written to its temporary name),
   ``train`` (inside the update), ``submit`` (half of the reward file written to its temporary
   name), ``flush`` (half of the metrics chunk appended to metrics.jsonl), ``checkpoint`` (half of
-  ``model.safetensors`` of a checkpoint written to its temporary name), ``state`` (coordinator:
-  half of the state file of round R written to its temporary name). With ``"until": "released"``, a node
-  parked at ``generate`` goes on once the test writes ``D/released`` (its heartbeat beats meanwhile).
+  ``model.safetensors`` of a checkpoint written to its temporary name, also where it is renamed into
+  place), ``state`` (coordinator: half of the state file of round R written to its temporary name).
+  With ``"until": "released"``, a node parked at ``generate`` goes on once the test writes
+  ``D/released`` (its heartbeat beats meanwhile).
 - ``oserror``: ``{"every": N, "burst": K, "seed": S, "cooldown": C}``: the local backend's file
   operations fail with a burst of K ``OSError`` (EIO, or ENOTCONN "Transport endpoint is not
   connected", chosen at random) once every N calls on average; the C calls after a burst (default 8)
@@ -126,8 +127,16 @@ def _park_storage(park: _Park) -> None:
                 park.here("flush", park.round)
         return real_append(target, data)
 
+    real_move_in = local.LocalStorage._move_in
+
+    def move_in(target, source):  # a checkpoint's file renamed into place: parked as if half written, as above
+        if "checkpoints" in target.parts and target.name == "model.safetensors":
+            park.half_write(target, source.read_bytes(), "checkpoint", _round_of(target.parts))
+        return real_move_in(target, source)
+
     local.LocalStorage._write = staticmethod(write)
     local.LocalStorage._append = staticmethod(append)
+    local.LocalStorage._move_in = staticmethod(move_in)
 
 
 def _park_workload(park: _Park, grpo: bool) -> None:
@@ -190,7 +199,7 @@ def _install_oserrors(spec: dict) -> None:
             raise OSError(errno.EIO, "Input/output error", str(target))
         raise OSError(errno.ENOTCONN, "Transport endpoint is not connected", str(target))
 
-    for name in ("_read", "_write", "_append", "_list", "_delete", "_rmdir", "_move"):
+    for name in ("_read", "_write", "_append", "_list", "_delete", "_rmdir", "_move", "_move_in"):
         real = getattr(local.LocalStorage, name)
 
         def flaky(*args, _real=real, _name=name):
