@@ -384,8 +384,9 @@ class LocalStorage:
                     return False
                 fd = os.open(local.name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC, dir_fd=source)
                 try:
-                    if not stat.S_ISREG(os.fstat(fd).st_mode):
-                        raise NotRegularFileError(str(local), _kind(os.fstat(fd).st_mode))
+                    mode = os.fstat(fd).st_mode
+                    if not stat.S_ISREG(mode):
+                        raise NotRegularFileError(str(local), _kind(mode))
                     os.fsync(fd)
                 finally:
                     os.close(fd)

@@ -293,10 +293,11 @@ def save(
         (local / STATE_FILE).write_text(json.dumps(meta))
         paths = [p for p in sorted(local.iterdir()) if p.is_file() and ALLOWED_FILES.fullmatch(p.name)]
         files = {p.name: FileEntry(p.stat().st_size, _sha256_file(p)) for p in paths}
-        check_space(storage, round_, sum(f.size for f in files.values()))
+        total = sum(f.size for f in files.values())
+        check_space(storage, round_, total)
         manifest = Manifest(node_id, run_id, round_, False, files)
         storage.write_bytes(f"{folder}/{MANIFEST}", manifest.to_json())
-        with progress.task(f"checkpoint upload (round {round_})", sum(f.size for f in files.values()), "B") as work:
+        with progress.task(f"checkpoint upload (round {round_})", total, "B") as work:
             for path in paths:
                 put_file(storage, f"{folder}/{path.name}", path)
                 work.advance(files[path.name].size)
@@ -304,7 +305,7 @@ def save(
     logger.info(
         "checkpoint of round %d: %s in %d files in %.1f s",
         round_,
-        human_bytes(sum(f.size for f in files.values())),
+        human_bytes(total),
         len(files),
         time.monotonic() - started,
     )

@@ -224,7 +224,8 @@ class _MathChecker:
     def _start(self) -> None:
         # -P (3.11+): the working directory is not put first on the child's sys.path, so that a math_verify.py or
         # sympy.py beside a node started from some folder (even the shared one) is never imported; before 3.11 the
-        # child starts in the folder the package is imported from, which is on its path already.
+        # child starts in the folder the package is imported from, which is on its path already. (procs.SAFE_PATH,
+        # the nodes' same flag, sits on the entry-point floor, which training may not import.)
         safe = ["-P"] if sys.version_info >= (3, 11) else []
         self._proc = subprocess.Popen(
             [sys.executable, *safe, "-m", "swarm_gdrive.training.math_child"],

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from swarm_gdrive.protocol.records import Provenance, RolloutGroup
+from swarm_gdrive.protocol.records import Provenance
 from swarm_gdrive.training.curriculum import curriculum_step
 from swarm_gdrive.training.rewards import extract_answer
 from swarm_gdrive.training.tasks import (
@@ -18,6 +18,7 @@ from swarm_gdrive.training.tasks import (
     parse_task_mix,
     training_limit,
 )
+from tests.unit.test_held_out import peer_group  # the same group, built one way
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +40,7 @@ def test_held_out_set_is_the_same_on_every_node_and_never_drawn_for_training(ban
 
 def test_a_peer_group_from_the_held_out_range_is_dropped(bank):
     q = bank.eval_questions("chain_sum", 1)[0]
-    group = RolloutGroup(
-        group_id="g",
-        task="chain_sum",
-        question=q.question,
-        provenance=q.provenance,
-        completions=["<answer>1</answer>"],
-        rewards=[0.0],
-    )
+    group = peer_group(q)
     assert bank.regenerate(group) is None
     ok = bank.draw(1, random.Random(0))[0]
     fine = group.model_copy(update={"task": ok.task, "question": ok.question, "provenance": ok.provenance})
@@ -69,24 +63,9 @@ def test_curriculum_levels_change_the_training_draws_and_peers_at_any_known_leve
         hard_q = bank.question("chain_sum", 5)
         assert hard_q.provenance.config["max_terms"] == 5 and hard_q.question != easy_q.question
         for q in (easy_q, hard_q):  # a peer at another level of the same ladder is still trusted
-            group = RolloutGroup(
-                group_id="g",
-                task=q.task,
-                question=q.question,
-                provenance=q.provenance,
-                completions=["x"],
-                rewards=[0.0],
-            )
-            assert bank.regenerate(group) is not None
+            assert bank.regenerate(peer_group(q)) is not None
         made_up = Provenance(dataset="chain_sum", config={"min_terms": 2, "max_terms": 99}, seed=42, index=5)
-        forged = RolloutGroup(
-            group_id="g",
-            task="chain_sum",
-            question=hard_q.question,
-            provenance=made_up,
-            completions=["x"],
-            rewards=[0.0],
-        )
+        forged = peer_group(hard_q).model_copy(update={"provenance": made_up})
         assert bank.regenerate(forged) is None
     finally:
         bank.set_level("chain_sum", 0)

@@ -130,7 +130,7 @@ def _park_storage(park: _Park) -> None:
     real_move_in = local.LocalStorage._move_in
 
     def move_in(target, source):  # a checkpoint's file renamed into place: parked as if half written, as above
-        if "checkpoints" in target.parts and target.name == "model.safetensors":
+        if park.point == "checkpoint" and "checkpoints" in target.parts and target.name == "model.safetensors":
             park.half_write(target, source.read_bytes(), "checkpoint", _round_of(target.parts))
         return real_move_in(target, source)
 
