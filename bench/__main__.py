@@ -2,7 +2,8 @@
 
 Parts: coordination, generation, training, learning, study (SAPO, replicated swarms), defaults
 (training-setting sweep), precision (PRECISION against fp32), memory (the memory estimate against measured
-peaks, and a round's time), demo (the demo's profile, phase by phase), drive_budget (a worker's Drive writes in
+peaks, and a round's time), demo (the demo's profile, phase by phase), evaluation (the held-out evaluation with
+the default settings, against an older tree), drive_budget (a worker's Drive writes in
 an hour), rounds (ROUND_MODE sync against async: idle, fill, staleness, requests), modes (learning in the two
 round modes, paired by seed), readers (status, validate, report and the dashboard on 50,000 planted peer
 files and 1 GiB of junk); ``all`` runs coordination, generation and
@@ -26,6 +27,7 @@ PARTS = {
     "precision": "bench.precision",
     "memory": "bench.memory_check",
     "demo": "bench.demo",
+    "evaluation": "bench.evaluation",
     "drive_budget": "bench.drive_budget",
     "rounds": "bench.rounds",
     "modes": "bench.modes",

@@ -328,17 +328,23 @@ class PolicyTrainer:
 
         ``max_new_tokens`` (default MAX_NEW_TOKENS) is less when a forced answer prefix takes part of the cap.
         ``label`` names the work in its progress (PROGRESS).
+
+        Greedy prompts are batched shortest first (the completions returned in the order of ``prompts``): a call
+        pads every prompt to its longest, and a greedy completion depends on its prompt alone. Sampled ones keep
+        their order, which decides the random draws each prompt gets for the seed.
         """
         started = time.monotonic()
         work = progress.Task(label, len(prompts) * num_generations, "completion")
         self.model.eval()
         torch.manual_seed(seed)
         per_call = max(1, self.settings.gen_batch_size // num_generations)
-        texts: list[list[str]] = []
-        ids: list[list[list[int]]] = []
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i])) if greedy else list(range(len(prompts)))
+        texts: list[list[str]] = [[] for _ in prompts]
+        ids: list[list[list[int]]] = [[] for _ in prompts]
         new_tokens = 0
         for start in range(0, len(prompts), per_call):
-            chunk = prompts[start : start + per_call]
+            rows = order[start : start + per_call]
+            chunk = [prompts[i] for i in rows]
             ids_, mask, shared = self._layout(chunk)
             with self._autocast():
                 sampling = (
@@ -348,12 +354,12 @@ class PolicyTrainer:
                 )
                 out = self._generate_call(ids_, mask, shared, num_generations, sampling, max_new_tokens)
             completions = out[:, ids_.shape[1] :].tolist()
-            for p in range(len(chunk)):
+            for p, row in enumerate(rows):
                 group = [self._trim(c) for c in completions[p * num_generations : (p + 1) * num_generations]]
                 new_tokens += sum(len(c) for c in group)
-                ids.append(group)
+                ids[row] = group
                 # A completion never exceeds what a rollout file may carry (records.MAX_COMPLETION_CHARS).
-                texts.append([self.tokenizer.decode(c, skip_special_tokens=True)[:MAX_COMPLETION_CHARS] for c in group])
+                texts[row] = [self.tokenizer.decode(c, skip_special_tokens=True)[:MAX_COMPLETION_CHARS] for c in group]
             work.advance(len(chunk) * num_generations)
         work.close()
         return Generation(texts, ids, new_tokens, time.monotonic() - started)

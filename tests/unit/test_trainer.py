@@ -513,6 +513,30 @@ def test_greedy_single_completions_are_unchanged(eos_model: Any, tokenizer: Any,
     assert greedy == reference_generate(trainer, prompts, 1, 0, do_sample=False)
 
 
+def test_greedy_prompts_are_batched_shortest_first_and_returned_in_their_order(
+    monkeypatch: pytest.MonkeyPatch, model: Any, tokenizer: Any
+) -> None:
+    """A held-out evaluation mixes tasks whose prompts differ several-fold in length, and a call pads every prompt to
+    its longest: greedy prompts go to the calls shortest first, and each completion comes back at its prompt's place,
+    the one that prompt gets alone."""
+    trainer = trainer_for(model, tokenizer, gen_batch_size=2, max_new_tokens=10)
+    sizes = [6, 1, 5, 2, 4, 3]
+    prompts = [trainer.prompt_ids([SYSTEM, {"role": "user", "content": "8 +" * n}]) for n in sizes]
+    calls = wrap_generate(monkeypatch, model)
+
+    gen = trainer.generate(prompts, 1, seed=0, greedy=True)
+
+    # Each call's prompts, by length (its own pads removed): the two shortest, then the next two, then the longest.
+    lengths = sorted(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id
+    widths = [sorted(sum(t != pad for t in row[: c["prompt_len"]]) for row in c["input_ids"].tolist()) for c in calls]
+    assert widths == [lengths[0:2], lengths[2:4], lengths[4:6]]
+    alone = trainer_for(model, tokenizer, gen_batch_size=1, max_new_tokens=10)
+    assert gen.token_ids == reference_generate(alone, prompts, 1, 0, do_sample=False)
+    assert gen.texts == [[tokenizer.decode(ids[0], skip_special_tokens=True)] for ids in gen.token_ids]
+    assert len({tuple(ids[0]) for ids in gen.token_ids}) > 1  # the completions differ: their order is checked
+
+
 # --- the update ---------------------------------------------------------------------------------------------------
 
 
