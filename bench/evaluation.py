@@ -32,6 +32,7 @@ def side(args: argparse.Namespace) -> dict[str, Any]:
     from swarm_gdrive.training.grpo_workload import build_task, settings_from
     from swarm_gdrive.training.models import load_model_and_tokenizer, resolve_model
     from swarm_gdrive.training.policy import PolicyTrainer
+    from swarm_gdrive.training.rewards import ANSWER_OPEN
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -44,8 +45,9 @@ def side(args: argparse.Namespace) -> dict[str, Any]:
         resolve_model(config.model_name, config.model_cache_dir).source, cpu, torch.float32
     )
     trainer = PolicyTrainer(model, tokenizer, settings_from(config), cpu)
+    prefix = ANSWER_OPEN if config.answer_prefix else ""  # as GRPOWorkload.evaluate builds its prompts
     prompts = [
-        trainer.prompt_ids(bank.messages(q.question))
+        trainer.prompt_ids(bank.messages(q.question), prefix)
         for task in bank.tasks
         for q in bank.eval_questions(task, config.eval_samples, 0)
     ]
@@ -68,9 +70,11 @@ def side(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_side(source: Path, args: argparse.Namespace) -> dict[str, Any]:
     """:func:`side` in a new process with ``source`` first on PYTHONPATH."""
+    settings = [f"--set={key}={value}" for key, value in args.set or []]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "side.json"
-        command = [sys.executable, "-P", str(Path(__file__).resolve()), "--side-out", str(out), *args.child_argv]
+        command = [sys.executable, "-P", str(Path(__file__).resolve()), "--side-out", str(out),
+                   "--model", args.model, "--threads", str(args.threads), *settings]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(source)}
         proc = subprocess.run(command, env=env, timeout=args.timeout, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -128,9 +132,6 @@ def main(argv: list[str] | None = None) -> int:
     from bench.common import machine_info, machine_tag, source_version, write_result
 
     source = source_version()
-    args.child_argv = ["--model", args.model, "--threads", str(args.threads)]
-    for key, value in args.set or []:
-        args.child_argv += ["--set", f"{key}={value}"]
     trees = [("this tree", ROOT)] + ([("before", Path(args.before).resolve())] if args.before else [])
     runs = []
     for number in range(args.runs):
