@@ -169,7 +169,7 @@ def render(result: dict[str, Any]) -> str:
     if m.get("batched_plain_decoding"):
         plain = m["batched_plain_decoding"]
         parts.append(
-            f"The CPU decoding of `training/decoding.py` (same-draw sampler, transposed linears): "
+            f"The CPU decoding of `training/decoding.py` (same-draw sampler, packed or transposed linears): "
             f"**{m['batched']['tokens_per_s'] / plain['tokens_per_s']:.2f}x** the same batching without it "
             f"({plain['identical_completions']} of {plain['sequences']} completions identical)."
         )

@@ -408,7 +408,7 @@ class PolicyTrainer:
         fast = self.device.type == "cpu" and FAST_CPU_DECODING
         if fast:
             kwargs = decoding.cpu_generate_kwargs(self.model, kwargs)
-        with decoding.transposed_linears(self.model) if fast else nullcontext():
+        with decoding.decoding_linears(self.model, len(ids) * num_generations) if fast else nullcontext():
             if (num_generations == 1 and not shared) or ids.shape[1] < 2:
                 # The rows repeated as num_return_sequences would repeat them (which a greedy call refuses).
                 return self.model.generate(

@@ -15,6 +15,7 @@ from swarm_gdrive.training import decoding  # noqa: E402
 from swarm_gdrive.training.decoding import (  # noqa: E402
     SameDrawSampler,
     cpu_generate_kwargs,
+    decoding_linears,
     same_draw,
     transposed_linears,
 )
@@ -116,11 +117,12 @@ def test_generation_samples_the_tokens_generate_samples(
     with torch.no_grad():
         torch.manual_seed(3)
         expected = model.generate(**common, **plain, num_return_sequences=3)
-        torch.manual_seed(3)
-        with transposed_linears(model):
-            rows = {k: v.repeat_interleave(3, dim=0) for k, v in prompts.items()}
-            got = model.generate(**{**common, **rows}, **cpu_generate_kwargs(model, plain))
-    assert torch.equal(got, expected)
+        for linears in (transposed_linears(model), decoding_linears(model, 6)):
+            torch.manual_seed(3)
+            with linears:
+                rows = {k: v.repeat_interleave(3, dim=0) for k, v in prompts.items()}
+                got = model.generate(**{**common, **rows}, **cpu_generate_kwargs(model, plain))
+            assert torch.equal(got, expected)
     assert len({tuple(r) for r in got[:, -10:].tolist()}) > 2  # sampled: not one sequence repeated
 
 
@@ -137,6 +139,76 @@ def test_transposed_linears_compute_what_nn_linear_computes(rows: int, bias: boo
     torch.testing.assert_close(got, expected)
     assert got.shape == (rows, 1, 8)
     assert all("forward" not in vars(m) for m in model.modules())
+
+
+needs_packing = pytest.mark.skipif(not decoding.packing_available(), reason="this torch has no oneDNN packed linear")
+
+
+@needs_packing
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows", [1, 2, 7, 32, 256, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linears_compute_what_nn_linear_computes_on_any_thread_count(
+    rows: int, bias: bool, threads: int
+) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(24, 40, bias=bias), torch.nn.ReLU(), torch.nn.Linear(40, 8))
+    x = torch.randn(rows, 1, 24)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            expected = model(x)
+            with decoding_linears(model, 32):
+                forwards = [vars(m).get("forward") for m in model.modules() if isinstance(m, torch.nn.Linear)]
+                assert all(f is not None and "_packed_forward" in f.__func__.__qualname__ for f in forwards)
+                got = model(x)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, expected)
+    assert got.shape == (rows, 1, 8)
+    assert all("forward" not in vars(m) for m in model.modules())
+
+
+@needs_packing
+def test_packed_linears_leave_training_and_restore_the_layers_after_an_error() -> None:
+    layer = torch.nn.Linear(6, 5)
+    x = torch.randn(4, 6, requires_grad=True)
+    with pytest.raises(ValueError), decoding_linears(layer, 4):
+        assert "forward" in vars(layer)
+        out = layer(x)  # an input that needs gradients takes nn.Linear's own product
+        out.sum().backward()
+        assert x.grad is not None and out.grad_fn is not None
+        raise ValueError("stop")
+    assert "forward" not in vars(layer)
+
+
+@needs_packing
+def test_packing_is_probed_without_the_global_generator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(decoding, "_PACKING", [])
+    torch.manual_seed(5)
+    assert decoding.packing_available()
+    drawn = torch.rand(3)
+    torch.manual_seed(5)
+    assert torch.equal(torch.rand(3), drawn)  # the probe drew nothing: a seeded generate call samples the same
+
+
+@pytest.mark.parametrize("why", ["no packing", "short of memory", "bf16 weights"])
+def test_without_packing_the_linears_are_transposed(
+    monkeypatch: pytest.MonkeyPatch, two_threads: None, why: str
+) -> None:
+    layer = torch.nn.Linear(24, 40)
+    if why == "no packing":
+        monkeypatch.setattr(decoding, "packing_available", lambda: False)
+    elif why == "short of memory":
+        monkeypatch.setattr(decoding, "_spare_memory", lambda needed: needed < 40 * 24 * 4)
+    else:
+        layer = layer.to(torch.bfloat16)
+    with torch.no_grad(), decoding_linears(layer, 8):
+        assert vars(layer)["forward"].__func__.__qualname__.startswith("_transposed_forward")
+        got = layer(torch.ones(8, 24, dtype=layer.weight.dtype))
+    tolerance = {"atol": 2e-2, "rtol": 2e-2} if why == "bf16 weights" else {}  # bf16 sums in another order
+    torch.testing.assert_close(got, layer(torch.ones(8, 24, dtype=layer.weight.dtype)), **tolerance)
+    assert "forward" not in vars(layer)
 
 
 def test_one_thread_keeps_nn_linear() -> None:

@@ -504,6 +504,29 @@ def test_the_shared_prefix_cache_holds_each_prompts_own_keys_and_values(model: A
                     torch.testing.assert_close(layer.values[copy_][:, real], expected.values[0], atol=1e-5, rtol=1e-4)
 
 
+def test_cpu_generation_decodes_through_packed_linears_and_samples_what_generate_samples(
+    model: Any, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every fp32 linear layer of the model packed once for the call's rows (prefills stay nn.Linear), and the
+    completions those of the reference generate."""
+    from swarm_gdrive.training import decoding
+
+    if not decoding.packing_available():
+        pytest.skip("this torch has no oneDNN packed linear")
+    packed: list[tuple[Any, int]] = []
+    pack = decoding._packed_forward
+    monkeypatch.setattr(
+        decoding, "_packed_forward", lambda layer, rows: packed.append((layer, rows)) or pack(layer, rows)
+    )
+    trainer = trainer_for(model, tokenizer, gen_batch_size=6, max_new_tokens=6, temperature=0.7, top_p=1.0)
+    prompts = [trainer.prompt_ids([{"role": "user", "content": f"What is {i} + 3?"}]) for i in range(3)]
+    got = trainer.generate(prompts, 2, seed=4).token_ids
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    assert sorted(map(id, (layer for layer, _ in packed))) == sorted(map(id, linears)) and {r for _, r in packed} == {6}
+    assert all("forward" not in vars(m) for m in linears)
+    assert got == reference_generate(trainer, prompts, 2, 4, do_sample=True, temperature=0.7, top_p=1.0)
+
+
 @pytest.mark.parametrize("system", [False, True])
 def test_greedy_single_completions_are_unchanged(eos_model: Any, tokenizer: Any, system: bool) -> None:
     trainer = trainer_for(eos_model, tokenizer, gen_batch_size=2, max_new_tokens=10)
