@@ -30,6 +30,7 @@ eta cutoffs, top-h, watermarking, renormalised logits) keep ``generate``'s own s
 from __future__ import annotations
 
 import copy
+import functools
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -125,12 +126,20 @@ def cpu_generate_kwargs(model: Any, sampling: dict[str, Any]) -> dict[str, Any]:
     return {**rest, "do_sample": False, "logits_processor": LogitsProcessorList([*warpers, SameDrawSampler()])}
 
 
-def _transposed_forward(layer: nn.Linear, contiguous: bool) -> Any:
+def _step_rows(layer: nn.Linear, x: Tensor) -> int | None:
+    """The rows of ``x`` when a decoding step's product applies to it (:data:`TRANSPOSED_ROWS` of them, no gradient,
+    the weight's dtype); None when ``nn.Linear``'s own product does."""
     low, high = TRANSPOSED_ROWS
+    rows = x.numel() // x.shape[-1] if x.dim() else 0
+    if not (low <= rows <= high) or x.requires_grad or x.dtype != layer.weight.dtype:
+        return None
+    return rows
 
+
+def _transposed_forward(layer: nn.Linear, contiguous: bool) -> Any:
     def forward(self: nn.Linear, x: Tensor) -> Tensor:
-        rows = x.numel() // x.shape[-1] if x.dim() else 0
-        if not (low <= rows <= high) or x.requires_grad or x.dtype != self.weight.dtype:
+        rows = _step_rows(self, x)
+        if rows is None:
             return nn.functional.linear(x, self.weight, self.bias)
         out = torch.mm(self.weight, x.reshape(rows, x.shape[-1]).t()).t()
         if contiguous:
@@ -145,12 +154,11 @@ def _transposed_forward(layer: nn.Linear, contiguous: bool) -> Any:
 def _packed_forward(layer: nn.Linear, rows_hint: int) -> Any:
     """``layer``'s forward for decoding through its weight packed by oneDNN for ``rows_hint`` rows (packed once, when
     the block starts: the weights change between generations, never within one)."""
-    low, high = TRANSPOSED_ROWS
     packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), rows_hint)
 
     def forward(self: nn.Linear, x: Tensor) -> Tensor:
-        rows = x.numel() // x.shape[-1] if x.dim() else 0
-        if not (low <= rows <= high) or x.requires_grad or x.dtype != self.weight.dtype:
+        rows = _step_rows(self, x)
+        if rows is None:
             return nn.functional.linear(x, self.weight, self.bias)
         out = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), packed, self.bias, "none", [], "")
         return out.view(*x.shape[:-1], self.weight.shape[0])
@@ -158,30 +166,24 @@ def _packed_forward(layer: nn.Linear, rows_hint: int) -> Any:
     return types.MethodType(forward, layer)
 
 
-_PACKING: list[bool] = []  # whether this torch packs linear weights (probed once)
-
-
+@functools.cache
 def packing_available() -> bool:
     """Whether this torch has oneDNN's packed linear (``torch.ops.mkldnn``, as its CPU compiler uses) and it computes
     ``nn.functional.linear``'s product: probed once on a small layer."""
-    if not _PACKING:
-        try:
-            # Never the global generator: the probe runs inside a seeded generate call.
-            w, x = torch.linspace(-1, 1, 128).view(8, 16), torch.linspace(1, -2, 64).view(4, 16)
-            packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)
-            got = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-            _PACKING.append(bool(torch.backends.mkldnn.is_available()) and torch.allclose(got, x @ w.t(), atol=1e-5))
-        except Exception:  # an operator missing or refusing on this build (another CPU, another torch): no packing
-            _PACKING.append(False)
-    return _PACKING[0]
+    try:
+        # Never the global generator: the probe runs inside a seeded generate call.
+        w, x = torch.linspace(-1, 1, 128).view(8, 16), torch.linspace(1, -2, 64).view(4, 16)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)
+        got = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    except Exception:  # an operator missing or refusing on this build (another CPU, another torch): no packing
+        return False
+    return bool(torch.backends.mkldnn.is_available()) and torch.allclose(got, x @ w.t(), atol=1e-5)
 
 
 def _spare_memory(needed: int) -> bool:
-    """Whether the machine's available memory holds ``needed`` bytes four times over (psutil; True without it)."""
-    try:
-        import psutil
-    except ImportError:
-        return True
+    """Whether the machine's available memory holds ``needed`` bytes four times over."""
+    import psutil  # imported when used, as in training/threads.py
+
     return psutil.virtual_memory().available >= 4 * needed
 
 

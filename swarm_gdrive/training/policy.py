@@ -342,25 +342,30 @@ class PolicyTrainer:
         texts: list[list[str]] = [[] for _ in prompts]
         ids: list[list[list[int]]] = [[] for _ in prompts]
         new_tokens = 0
-        for start in range(0, len(prompts), per_call):
-            rows = order[start : start + per_call]
-            chunk = [prompts[i] for i in rows]
-            ids_, mask, shared = self._layout(chunk)
-            with self._autocast():
-                sampling = (
-                    {"do_sample": False}
-                    if greedy
-                    else {"do_sample": True, "temperature": self.settings.temperature, "top_p": self.settings.top_p}
-                )
-                out = self._generate_call(ids_, mask, shared, num_generations, sampling, max_new_tokens)
-            completions = out[:, ids_.shape[1] :].tolist()
-            for p, row in enumerate(rows):
-                group = [self._trim(c) for c in completions[p * num_generations : (p + 1) * num_generations]]
-                new_tokens += sum(len(c) for c in group)
-                ids[row] = group
-                # A completion never exceeds what a rollout file may carry (records.MAX_COMPLETION_CHARS).
-                texts[row] = [self.tokenizer.decode(c, skip_special_tokens=True)[:MAX_COMPLETION_CHARS] for c in group]
-            work.advance(len(chunk) * num_generations)
+        sampling = (
+            {"do_sample": False}
+            if greedy
+            else {"do_sample": True, "temperature": self.settings.temperature, "top_p": self.settings.top_p}
+        )
+        # Every call of this generation decodes through the same weights: packed once for them (decoding.py).
+        fast = self._fast_cpu_decoding()
+        with decoding.decoding_linears(self.model, per_call * num_generations) if fast else nullcontext():
+            for start in range(0, len(prompts), per_call):
+                rows = order[start : start + per_call]
+                chunk = [prompts[i] for i in rows]
+                ids_, mask, shared = self._layout(chunk)
+                with self._autocast():
+                    out = self._generate_call(ids_, mask, shared, num_generations, sampling, max_new_tokens)
+                completions = out[:, ids_.shape[1] :].tolist()
+                for p, row in enumerate(rows):
+                    group = [self._trim(c) for c in completions[p * num_generations : (p + 1) * num_generations]]
+                    new_tokens += sum(len(c) for c in group)
+                    ids[row] = group
+                    # A completion never exceeds what a rollout file may carry (records.MAX_COMPLETION_CHARS).
+                    texts[row] = [
+                        self.tokenizer.decode(c, skip_special_tokens=True)[:MAX_COMPLETION_CHARS] for c in group
+                    ]
+                work.advance(len(chunk) * num_generations)
         work.close()
         return Generation(texts, ids, new_tokens, time.monotonic() - started)
 
@@ -381,6 +386,10 @@ class PolicyTrainer:
         masks = [[1] * shared + [0] * (width - len(p) + shared) + [1] * (len(p) - shared) for p in prompts]
         to = {"device": self.device}
         return torch.tensor(rows, **to), torch.tensor(masks, **to), shared
+
+    def _fast_cpu_decoding(self) -> bool:
+        """Whether generation takes training/decoding.py's sampler and linear layers (on the CPU)."""
+        return self.device.type == "cpu" and FAST_CPU_DECODING
 
     def _generate_call(
         self,
@@ -405,26 +414,24 @@ class PolicyTrainer:
             "pad_token_id": self.tokenizer.pad_token_id,
             "disable_compile": True,  # a compile costs more than a round's generation saves (and needs a compiler)
         }
-        fast = self.device.type == "cpu" and FAST_CPU_DECODING
-        if fast:
+        if self._fast_cpu_decoding():
             kwargs = decoding.cpu_generate_kwargs(self.model, kwargs)
-        with decoding.decoding_linears(self.model, len(ids) * num_generations) if fast else nullcontext():
-            if (num_generations == 1 and not shared) or ids.shape[1] < 2:
-                # The rows repeated as num_return_sequences would repeat them (which a greedy call refuses).
-                return self.model.generate(
-                    input_ids=ids.repeat_interleave(num_generations, dim=0),
-                    attention_mask=mask.repeat_interleave(num_generations, dim=0),
-                    **kwargs,
-                )
-            cache = self._prefill(
-                ids[:, :-1], mask[:, :-1], shared, num_generations, ids.shape[1] + kwargs["max_new_tokens"]
-            )
+        if (num_generations == 1 and not shared) or ids.shape[1] < 2:
+            # The rows repeated as num_return_sequences would repeat them (which a greedy call refuses).
             return self.model.generate(
                 input_ids=ids.repeat_interleave(num_generations, dim=0),
                 attention_mask=mask.repeat_interleave(num_generations, dim=0),
-                **{self._cache_kwarg: cache},
                 **kwargs,
             )
+        cache = self._prefill(
+            ids[:, :-1], mask[:, :-1], shared, num_generations, ids.shape[1] + kwargs["max_new_tokens"]
+        )
+        return self.model.generate(
+            input_ids=ids.repeat_interleave(num_generations, dim=0),
+            attention_mask=mask.repeat_interleave(num_generations, dim=0),
+            **{self._cache_kwarg: cache},
+            **kwargs,
+        )
 
     def _prefill(self, ids: Tensor, mask: Tensor, shared: int, copies: int, length: int) -> Any:
         """The KV cache of ``ids`` (laid out by :meth:`_layout`, with the positions ``generate`` gives them: pads

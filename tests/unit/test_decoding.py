@@ -183,8 +183,8 @@ def test_packed_linears_leave_training_and_restore_the_layers_after_an_error() -
 
 
 @needs_packing
-def test_packing_is_probed_without_the_global_generator(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(decoding, "_PACKING", [])
+def test_packing_is_probed_without_the_global_generator() -> None:
+    decoding.packing_available.cache_clear()  # probed anew here
     torch.manual_seed(5)
     assert decoding.packing_available()
     drawn = torch.rand(3)
