@@ -21,6 +21,13 @@ machine's 108 GFLOP/s.
   whole batched generation 1.2-1.45x (on 1 thread 1.2-1.35x); the packed copies held for the call. Where packing is
   missing, memory is short or the weights are not fp32, the transposed linears above.
 
+- **Attention over a shared prompt cache** (:func:`shared_prefix_cache`, :func:`shared_prefix_attention`). A
+  generation continues each prompt G times; a static cache of G copies of the prompt's keys and values made every
+  decoding step read them G times (for 32 SmolLM2 sequences of 113-token prompts, 8.7 MB a layer and 20 % of the
+  step). The cache holds them once per prompt, and a one-token query's attention multiplies a prompt's G rows by
+  them in one product per key-value head, then the rows' own decoded positions, up to those written (SDPA read the
+  static cache's unwritten tail too). The same result up to the order of additions.
+
 :func:`cpu_generate_kwargs` turns a sampled ``generate`` call into a greedy one whose last logits processor does the
 sampling (``argmax`` of a one-hot row is the sampled token): the warpers transformers would add for the sampling
 settings, in its order, then :class:`SameDrawSampler`. Settings it does not reproduce (beams, typical-p, epsilon and
@@ -34,6 +41,7 @@ import functools
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -237,3 +245,185 @@ def transposed_linears(model: nn.Module) -> Iterator[None]:
     finally:
         for module in patched:
             del module.forward
+
+
+# -- attention over a shared prompt cache ------------------------------------------------------------------------
+
+#: The name under which :func:`_shared_prefix_attention` is registered with transformers' attention (and mask)
+#: interfaces; a model runs it only inside :func:`shared_prefix_attention`.
+SHARED_PREFIX_ATTENTION = "swarm_gdrive_shared_prefix"
+#: The :class:`SharedPrefixLayer` cache that the generation running in this context decodes from.
+_ACTIVE_CACHE: ContextVar[Any] = ContextVar("swarm_gdrive_shared_prefix_cache", default=None)
+
+
+def shared_prefix_supported(model: nn.Module) -> bool:
+    """Whether ``model`` can decode from :func:`shared_prefix_cache`: transformers 5 (whose cache layers and attention
+    interface this module builds on; 4.x keeps the static cache), fp32 weights, SDPA attention (the kernel this one
+    replaces for one-token queries and falls back to otherwise) and only full-attention layers."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        return False
+    config = getattr(model, "config", None)
+    text = config.get_text_config(decoder=True) if config is not None else None
+    if text is None or getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    layer_types = getattr(text, "layer_types", None) or ["full_attention"]
+    parameter = next(model.parameters(), None)
+    return (
+        all(kind == "full_attention" for kind in layer_types)
+        and getattr(text, "sliding_window", None) is None
+        and parameter is not None
+        and parameter.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
+def _shared_prefix_layer_class() -> type:
+    from transformers.cache_utils import StaticLayer
+
+    class SharedPrefixLayer(StaticLayer):
+        """A static cache layer whose prompt part is held once per prompt, ``[P, heads, Lp, D]``, and whose decoded
+        part, ``[P * copies, heads, max_cache_len - Lp, D]``, is written in place: rows ``p * copies`` to
+        ``(p + 1) * copies - 1`` continue prompt ``p``. ``update`` returns the decoded part written so far; the
+        attention reads the prompt part through :func:`_shared_prefix_attention`."""
+
+        def __init__(self, keys: Tensor, values: Tensor, copies: int, max_cache_len: int) -> None:
+            super().__init__(max_cache_len=max_cache_len)
+            prompts, heads, length, _ = keys.shape
+            if max_cache_len <= length:
+                raise ValueError(f"a cache of {max_cache_len} positions for a prompt part of {length}")
+            self.prefix_keys, self.prefix_values, self.copies, self.prefix_length = keys, values, copies, length
+            self.device, self.batch_size, self.num_heads = keys.device, prompts * copies, heads
+            self.k_head_dim, self.v_head_dim = keys.shape[-1], values.shape[-1]
+            rest = max_cache_len - length
+            self.keys = keys.new_zeros(self.batch_size, heads, rest, self.k_head_dim)
+            self.values = values.new_zeros(self.batch_size, heads, rest, self.v_head_dim)
+            self.written = 0
+            self.cumulative_length = torch.tensor(length, dtype=int, device=self.device)
+            self.is_initialized = True
+
+        def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+            raise RuntimeError("a shared-prefix cache layer is initialised when it is made")
+
+        def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+            end = self.written + key_states.shape[-2]
+            if end > self.keys.shape[2]:
+                needed = self.prefix_length + end
+                raise ValueError(f"the shared-prefix cache holds {self.max_cache_len} positions; {needed} needed")
+            self.keys[:, :, self.written : end] = key_states
+            self.values[:, :, self.written : end] = value_states
+            self.cumulative_length.add_(end - self.written)
+            self.written = end
+            return self.keys[:, :, :end], self.values[:, :, :end]
+
+        def materialized(self) -> tuple[Tensor, Tensor]:
+            """Every row's keys and values as a plain cache holds them: the prompt part repeated, then the rest."""
+            return tuple(  # type: ignore[return-value]
+                torch.cat([prefix.repeat_interleave(self.copies, dim=0), own[:, :, : self.written]], dim=2)
+                for prefix, own in ((self.prefix_keys, self.keys), (self.prefix_values, self.values))
+            )
+
+        def _unsupported(self, *args: Any, **kwargs: Any) -> None:
+            raise NotImplementedError("a shared-prefix cache is decoded forward only (no cropping, beams, reordering)")
+
+        crop = reset = reorder_cache = batch_repeat_interleave = batch_select_indices = _unsupported
+
+    return SharedPrefixLayer
+
+
+@functools.cache
+def _register_attention() -> type:
+    """Registers :func:`_shared_prefix_attention` (with SDPA's mask) under :data:`SHARED_PREFIX_ATTENTION`, once;
+    returns the cache layer class."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(SHARED_PREFIX_ATTENTION, _shared_prefix_attention)
+    AttentionMaskInterface.register(SHARED_PREFIX_ATTENTION, sdpa_mask)
+    return _shared_prefix_layer_class()
+
+
+def shared_prefix_cache(prompt_cache: Any, copies: int, max_cache_len: int) -> Any:
+    """A static cache of ``max_cache_len`` positions that continues each of the ``P`` prompts of ``prompt_cache``
+    (a prefilled transformers cache, one row a prompt) ``copies`` times, the prompt's keys and values held once
+    instead of ``copies`` times: a decoding step reads them once per prompt (:func:`_shared_prefix_attention`)."""
+    from transformers.cache_utils import Cache
+
+    layer_class = _register_attention()
+    return Cache(layers=[layer_class(layer.keys, layer.values, copies, max_cache_len) for layer in prompt_cache.layers])
+
+
+@contextmanager
+def shared_prefix_attention(model: nn.Module, cache: Any) -> Iterator[None]:
+    """Within the block, ``model`` (an SDPA one, :func:`shared_prefix_supported`) attends through
+    :func:`_shared_prefix_attention` and decodes from ``cache`` (:func:`shared_prefix_cache`)."""
+    config = model.config
+    before = config._attn_implementation
+    token = _ACTIVE_CACHE.set(cache)
+    config._attn_implementation = SHARED_PREFIX_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+        _ACTIVE_CACHE.reset(token)
+
+
+def _masked(scores: Tensor, mask: Tensor | None) -> Tensor:
+    """``scores`` where a boolean ``mask`` allows (``-inf`` elsewhere), or plus an additive float ``mask``."""
+    if mask is None:
+        return scores
+    if mask.dtype == torch.bool:
+        return scores.masked_fill(~mask, float("-inf"))
+    return scores + mask
+
+
+def _shared_prefix_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """SDPA attention for a one-token query over a :class:`SharedPrefixLayer`: the ``copies`` rows of a prompt
+    (``G`` rows, each with ``H = kv_heads * rep`` query heads) multiply the prompt's keys and values once, as one
+    ``[G * rep]``-row product per key-value head, instead of reading ``G`` copies of them; the rows' own decoded
+    positions are attended row by row; one softmax over both. A decoding step of 32 SmolLM2 sequences of 113-token
+    prompts read 8.7 MB of keys and values a layer through SDPA, 2.4 MB this way (bench/README.md §10). The result
+    is SDPA's up to the order of additions. Anything else (a longer query, dropout, extra terms) runs SDPA on the
+    materialised cache."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cache = _ACTIVE_CACHE.get()
+    layer = cache.layers[module.layer_idx] if cache is not None else None
+    ours = layer is not None and key.data_ptr() == layer.keys.data_ptr() and key.shape[2] == layer.written
+    extras = any(kwargs.get(name) is not None for name in ("softcap", "s_aux", "sliding_window", "position_bias"))
+    if not ours or query.shape[2] != 1 or dropout or extras:
+        if ours:
+            key, value = layer.materialized()
+            if attention_mask is not None:
+                attention_mask = attention_mask[..., : key.shape[2]]
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    rows, heads, _, dim = query.shape
+    prompts, kv_heads, length, _ = layer.prefix_keys.shape
+    copies, rep, own = layer.copies, heads // kv_heads, key.shape[2]
+    scale = scaling if scaling is not None else dim**-0.5
+    # [rows, heads, 1, D] -> [P, kv_heads, copies * rep, D]: a prompt's rows side by side for each key-value head.
+    grouped = query.reshape(prompts, copies, kv_heads, rep, dim).transpose(1, 2).reshape(prompts, kv_heads, -1, dim)
+    prefix_scores = torch.matmul(grouped, layer.prefix_keys.transpose(-1, -2))
+    prefix_scores = prefix_scores.view(prompts, kv_heads, copies, rep, length).transpose(1, 2)
+    own_scores = torch.matmul(query.reshape(rows, kv_heads, rep, dim), key.transpose(-1, -2))
+    scores = torch.cat([prefix_scores.reshape(rows, kv_heads, rep, length), own_scores], dim=-1).mul_(scale)
+    mask = attention_mask[..., : length + own] if attention_mask is not None else None
+    probs = torch.softmax(_masked(scores, mask), dim=-1)
+    prefix_probs = probs[..., :length].reshape(prompts, copies, kv_heads, rep, length).transpose(1, 2)
+    out = torch.matmul(prefix_probs.reshape(prompts, kv_heads, -1, length), layer.prefix_values)
+    out = out.view(prompts, kv_heads, copies, rep, -1).transpose(1, 2).reshape(rows, kv_heads, rep, -1)
+    out = out + torch.matmul(probs[..., length:], value)
+    return out.reshape(rows, 1, heads, -1), None

@@ -3,6 +3,7 @@ nn.Linear, the same tokens as transformers' own sampling."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -236,3 +237,110 @@ def test_the_sampler_returns_a_one_hot_row_of_the_drawn_token() -> None:
     out = SameDrawSampler()(torch.zeros(3, 1, dtype=torch.long), scores)
     assert torch.equal(out.argmax(-1, keepdim=True), token)
     assert torch.equal((out == 0).sum(-1), torch.ones(3, dtype=torch.long))
+
+
+# -- attention over a shared prompt cache ---------------------------------------------------------------------------
+
+
+class _Attention(torch.nn.Module):
+    """What transformers' attention functions read from the module calling them."""
+
+    def __init__(self, layer_idx: int, groups: int) -> None:
+        super().__init__()
+        self.layer_idx, self.num_key_value_groups, self.is_causal, self.training = layer_idx, groups, True, False
+
+
+def _shared_cache(prompts: int, copies: int, kv_heads: int, prefix: int, capacity: int, seed: int) -> Any:
+    from transformers import DynamicCache
+
+    gen = torch.Generator().manual_seed(seed)
+    cache = DynamicCache()
+    for index in range(2):
+        cache.update(*(torch.randn(prompts, kv_heads, prefix, 8, generator=gen) for _ in range(2)), index)
+    return decoding.shared_prefix_cache(cache, copies, prefix + capacity)
+
+
+@pytest.mark.parametrize(("prompts", "copies", "groups"), [(3, 4, 3), (2, 1, 1), (1, 5, 2)])
+@pytest.mark.parametrize("mask", ["bool", "float", "none"])
+def test_shared_prefix_attention_computes_what_sdpa_computes_on_the_repeated_cache(
+    prompts: int, copies: int, groups: int, mask: str
+) -> None:
+    """One-token queries over a prompt's keys and values held once equal SDPA over G copies of them, padding in the
+    prompt part masked (boolean or additive mask, or none), after several decoded positions."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    gen = torch.Generator().manual_seed(7)
+    kv_heads, prefix, rows = 2, 9, prompts * copies
+    cache = _shared_cache(prompts, copies, kv_heads, prefix, 6, seed=1)
+    layer, module = cache.layers[1], _Attention(1, groups)
+    allowed = torch.ones(rows, 1, 1, prefix + 6, dtype=torch.bool)
+    allowed[:, :, :, 2:4] = False  # padding after a shared prefix, as generation lays prompts out
+    allowed[-copies:, :, :, 5] = False  # the last prompt padded more: its rows all masked alike
+    masks = {"bool": allowed, "float": torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf")), "none": None}
+    token = decoding._ACTIVE_CACHE.set(cache)
+    try:
+        for _ in range(3):
+            new = [torch.randn(rows, kv_heads, 1, 8, generator=gen) for _ in range(2)]
+            keys, values = layer.update(*new)
+            query = torch.randn(rows, kv_heads * groups, 1, 8, generator=gen)
+            got, _ = decoding._shared_prefix_attention(module, query, keys, values, masks[mask], scaling=0.3)
+            full_keys, full_values = layer.materialized()
+            cut = None if masks[mask] is None else masks[mask][..., : full_keys.shape[2]]
+            expected, _ = sdpa_attention_forward(module, query, full_keys, full_values, cut, scaling=0.3)
+            assert got.shape == expected.shape == (rows, 1, kv_heads * groups, 8)
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    finally:
+        decoding._ACTIVE_CACHE.reset(token)
+    assert layer.written == 3 and int(layer.get_seq_length()) == prefix + 3
+
+
+def test_shared_prefix_attention_runs_sdpa_on_the_materialised_cache_for_longer_queries() -> None:
+    """A query of several positions (not a decoding step) attends over every row's whole cache, as SDPA would."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cache = _shared_cache(2, 3, 2, 5, 4, seed=2)
+    layer, module = cache.layers[0], _Attention(0, 2)
+    gen = torch.Generator().manual_seed(3)
+    keys, values = layer.update(*(torch.randn(6, 2, 2, 8, generator=gen) for _ in range(2)))
+    query = torch.randn(6, 4, 2, 8, generator=gen)
+    mask = torch.ones(6, 1, 2, 9, dtype=torch.bool).tril(diagonal=5)
+    token = decoding._ACTIVE_CACHE.set(cache)
+    try:
+        got, _ = decoding._shared_prefix_attention(module, query, keys, values, mask)
+    finally:
+        decoding._ACTIVE_CACHE.reset(token)
+    expected, _ = sdpa_attention_forward(module, query, *layer.materialized(), mask[..., :7])
+    torch.testing.assert_close(got, expected)
+
+
+def test_a_shared_prefix_cache_is_forward_only_and_bounded() -> None:
+    cache = _shared_cache(2, 2, 1, 4, 2, seed=4)
+    layer = cache.layers[0]
+    assert layer.keys.shape == (4, 1, 2, 8) and layer.prefix_keys.shape == (2, 1, 4, 8)
+    for refused in (lambda: layer.crop(-1), lambda: layer.reorder_cache(torch.arange(4)), lambda: cache.crop(-1)):
+        with pytest.raises(NotImplementedError, match="forward only"):
+            refused()
+    layer.update(torch.zeros(4, 1, 2, 8), torch.zeros(4, 1, 2, 8))
+    with pytest.raises(ValueError, match="holds 6 positions; 7 needed"):
+        layer.update(torch.zeros(4, 1, 1, 8), torch.zeros(4, 1, 1, 8))
+
+
+def test_shared_prefix_attention_restores_the_models_attention_after_an_error(loaded_tiny: Any) -> None:
+    model, _ = loaded_tiny
+    assert model.config._attn_implementation == "sdpa" and decoding.shared_prefix_supported(model)
+    with pytest.raises(KeyError), decoding.shared_prefix_attention(model, object()):
+        assert model.config._attn_implementation == decoding.SHARED_PREFIX_ATTENTION
+        raise KeyError
+    assert model.config._attn_implementation == "sdpa" and decoding._ACTIVE_CACHE.get() is None
+
+
+def test_models_the_shared_prefix_attention_does_not_apply_to(loaded_tiny: Any) -> None:
+    """Not fp32, not SDPA, or sliding-window layers: the static cache of G copies stays."""
+    model, _ = loaded_tiny
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    eager = copy.deepcopy(model)
+    eager.config._attn_implementation = "eager"
+    sliding = copy.deepcopy(model)
+    sliding.config.sliding_window = 4
+    assert decoding.shared_prefix_supported(model)
+    assert not any(decoding.shared_prefix_supported(m) for m in (half, eager, sliding))

@@ -484,24 +484,69 @@ def test_the_growing_cache_of_a_gpu_generates_the_same_tokens(
     assert gen.token_ids == reference_generate(trainer, prompts, 4, 9, do_sample=True, temperature=0.7, top_p=1.0)
 
 
-def test_the_shared_prefix_cache_holds_each_prompts_own_keys_and_values(model: Any, tokenizer: Any) -> None:
+@pytest.mark.parametrize("shared_prompts", [False, True])
+def test_the_shared_prefix_cache_holds_each_prompts_own_keys_and_values(
+    monkeypatch: pytest.MonkeyPatch, model: Any, tokenizer: Any, shared_prompts: bool
+) -> None:
     """The cache that generation continues from (the system turn computed once, padding between it and each prompt's
-    rest, every row repeated G times) holds, at each prompt's real tokens, the keys and values of that prompt run
-    alone through the model."""
+    rest, every row continuing its prompt G times: G copies, or the prompt held once) holds, at each prompt's real
+    tokens, the keys and values of that prompt run alone through the model."""
+    from swarm_gdrive.training import decoding, policy
+
+    monkeypatch.setattr(policy, "SHARED_PROMPT_CACHE_ON_CPU", shared_prompts)
     trainer = trainer_for(model, tokenizer)
     prompts = [trainer.prompt_ids([SYSTEM, {"role": "user", "content": "5 *" * (i + 2)}]) for i in range(3)]
     ids, mask, shared = trainer._layout(prompts)
     assert shared > 8 and (mask[:, shared] == 0).any()  # padding sits after the shared prefix
-    cache = trainer._prefill(ids, mask, shared, 2, ids.shape[1] + 4)
+    cache, shares = trainer._prefill(ids, mask, shared, 2, ids.shape[1] + 4)
+    assert decoding.shared_prefix_supported(model) and shares == shared_prompts
+    if shares:
+        assert all(layer.prefix_keys.shape[0] == len(prompts) for layer in cache.layers)  # once per prompt
+    layers = [layer.materialized() if shares else (layer.keys, layer.values) for layer in cache.layers]
     with torch.no_grad():
         for row, prompt in enumerate(prompts):
             alone = trainer.model(input_ids=torch.tensor([prompt]), use_cache=True)
             alone_cache = getattr(alone, "cache", None) or alone.past_key_values
             real = mask[row].nonzero().squeeze(1)
-            for layer, expected in zip(cache.layers, alone_cache.layers, strict=True):
+            for (keys, values), expected in zip(layers, alone_cache.layers, strict=True):
                 for copy_ in (2 * row, 2 * row + 1):
-                    torch.testing.assert_close(layer.keys[copy_][:, real], expected.keys[0], atol=1e-5, rtol=1e-4)
-                    torch.testing.assert_close(layer.values[copy_][:, real], expected.values[0], atol=1e-5, rtol=1e-4)
+                    torch.testing.assert_close(keys[copy_][:, real], expected.keys[0], atol=1e-5, rtol=1e-4)
+                    torch.testing.assert_close(values[copy_][:, real], expected.values[0], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_cpu_generation_attends_to_each_prompt_once_and_generates_what_g_copies_generate(
+    monkeypatch: pytest.MonkeyPatch, eos_model: Any, tokenizer: Any, greedy: bool
+) -> None:
+    """Every decoding step of a CPU generation attends through the shared-prefix attention (one-token queries over
+    each prompt's keys held once), the model's attention setting is SDPA again after the call, and the completions
+    are those of the cache holding G copies and of the reference generate."""
+    from swarm_gdrive.training import decoding, policy
+
+    assert decoding.shared_prefix_supported(eos_model)
+    queries: list[int] = []
+    attend = decoding._shared_prefix_attention
+    monkeypatch.setattr(
+        decoding, "_shared_prefix_attention", lambda m, q, *a, **k: queries.append(q.shape[2]) or attend(m, q, *a, **k)
+    )
+    decoding._register_attention.cache_clear()  # registers the counting wrapper
+    trainer = trainer_for(eos_model, tokenizer, gen_batch_size=8, max_new_tokens=12, temperature=0.8, top_p=0.9)
+    prompts = [trainer.prompt_ids([SYSTEM, {"role": "user", "content": "3 -" * (i + 1)}]) for i in range(5)]
+    g = 1 if greedy else 4
+    try:
+        gen = trainer.generate(prompts, g, seed=2, greedy=greedy)
+    finally:
+        decoding._register_attention.cache_clear()
+    layers = eos_model.config.num_hidden_layers
+    assert queries and set(queries) == {1} and len(queries) % layers == 0
+    assert eos_model.config._attn_implementation == "sdpa"
+    monkeypatch.setattr(policy, "SHARED_PROMPT_CACHE_ON_CPU", False)
+    assert trainer.generate(prompts, g, seed=2, greedy=greedy).token_ids == gen.token_ids
+    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 0.8, "top_p": 0.9}
+    alone = trainer_for(eos_model, tokenizer, gen_batch_size=1, max_new_tokens=12) if greedy else trainer
+    assert gen.token_ids == reference_generate(alone, prompts, g, 2, **sampling)
+    flat = [c for group in gen.token_ids for c in group]
+    assert any(len(c) < 12 for c in flat) and (greedy or any(len(c) == 12 for c in flat))  # rows stop at eos early
 
 
 def test_cpu_generation_decodes_through_packed_linears_and_samples_what_generate_samples(
