@@ -1,13 +1,13 @@
 """One entry point for the benchmarks: ``python -m bench <part> [options]``.
 
-Parts: coordination, generation, training, learning, study (SAPO, replicated swarms), defaults
-(training-setting sweep), precision (PRECISION against fp32), memory (the memory estimate against measured
-peaks, and a round's time), demo (the demo's profile, phase by phase), evaluation (the held-out evaluation with
-the default settings, against an older tree), drive_budget (a worker's Drive writes in
-an hour), rounds (ROUND_MODE sync against async: idle, fill, staleness, requests), modes (learning in the two
-round modes, paired by seed), readers (status, validate, report and the dashboard on 50,000 planted peer
-files and 1 GiB of junk); ``all`` runs coordination, generation and
-training with their defaults. Each part writes ``bench/results/<part>_<machine>.json`` and ``.md``.
+Parts: coordination, generation, training, learning, study (SAPO, replicated swarms), defaults (training-setting
+sweep), precision (PRECISION against fp32), memory (the memory estimate against measured peaks, and a round's
+time), demo (the demo's profile, phase by phase), evaluation (the held-out evaluation with the default settings, or
+with --round a round's generation, against an older tree), drive_budget (a worker's Drive writes in an hour),
+rounds (ROUND_MODE sync against async: idle, fill, staleness, requests), modes (learning in the two round modes,
+paired by seed), readers (status, validate, report and the dashboard on 50,000 planted peer files and 1 GiB of
+junk); ``all`` runs coordination, generation and training with their defaults. Each part writes
+``bench/results/<part>_<machine>.json`` and ``.md``.
 ``python -m bench <part> --help`` lists a part's options.
 """
 

@@ -7,6 +7,9 @@ is MODEL_NAME (default: the packaged SmolLM2-135M-Instruct, since the package's 
 CPU, fp32. Each tree runs in its own process (``--before DIR``: a checkout of older code, for example ``git worktree
 add /tmp/before <commit>``, first on PYTHONPATH, the same interpreter and packages), the trees alternating; every
 run reports its wall and CPU seconds, and the completions of the trees are compared prompt by prompt.
+
+With ``--round``, a training round's generation instead (``GRPOWorkload.generate``): NUM_TRAIN_SAMPLES questions of
+the training stream (8), NUM_GENERATIONS sampled completions of each (8), up to MAX_NEW_TOKENS, for one seed.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def side(args: argparse.Namespace) -> dict[str, Any]:
     from swarm_gdrive.training.models import load_model_and_tokenizer, resolve_model
     from swarm_gdrive.training.policy import PolicyTrainer
     from swarm_gdrive.training.rewards import ANSWER_OPEN
+    from swarm_gdrive.training.tasks import question_rng
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -45,18 +49,27 @@ def side(args: argparse.Namespace) -> dict[str, Any]:
         resolve_model(config.model_name, config.model_cache_dir).source, cpu, torch.float32
     )
     trainer = PolicyTrainer(model, tokenizer, settings_from(config), cpu)
-    prefix = ANSWER_OPEN if config.answer_prefix else ""  # as GRPOWorkload.evaluate builds its prompts
-    prompts = [
-        trainer.prompt_ids(bank.messages(q.question), prefix)
-        for task in bank.tasks
-        for q in bank.eval_questions(task, config.eval_samples, 0)
-    ]
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    generation = trainer.generate(prompts, 1, seed=0, greedy=True, label="evaluate (greedy)")
+    prefix = ANSWER_OPEN if config.answer_prefix else ""  # as GRPOWorkload builds its prompts
+    if args.round:  # GRPOWorkload.generate: a round's questions, G sampled completions each
+        questions = bank.draw(config.num_train_samples, question_rng(config.seed, "worker-1", 0, 0))
+        prompts = [trainer.prompt_ids(bank.messages(q.question), prefix) for q in questions]
+        prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
+        budget = config.max_new_tokens - len(prefix_ids)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        generation = trainer.generate(prompts, config.num_generations, seed=1, max_new_tokens=budget)
+    else:
+        prompts = [
+            trainer.prompt_ids(bank.messages(q.question), prefix)
+            for task in bank.tasks
+            for q in bank.eval_questions(task, config.eval_samples, 0)
+        ]
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        generation = trainer.generate(prompts, 1, seed=0, greedy=True, label="evaluate (greedy)")
     after = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "tasks": list(bank.tasks),
         "prompts": len(prompts),
+        "completions_per_prompt": config.num_generations if args.round else 1,
         "prompt_tokens": sum(len(p) for p in prompts),
         "max_new_tokens": config.max_new_tokens,
         "gen_batch_size": config.gen_batch_size,
@@ -64,7 +77,7 @@ def side(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": generation.seconds,
         "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
         "new_tokens": generation.new_tokens,
-        "completions": [ids[0] for ids in generation.token_ids],
+        "completions": [ids for group in generation.token_ids for ids in group],
     }
 
 
@@ -74,7 +87,8 @@ def run_side(source: Path, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "side.json"
         command = [sys.executable, "-P", str(Path(__file__).resolve()), "--side-out", str(out),
-                   "--model", args.model, "--threads", str(args.threads), *settings]  # fmt: skip
+                   "--model", args.model, "--threads", str(args.threads), *settings,
+                   *(["--round"] if args.round else [])]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(source)}
         proc = subprocess.run(command, env=env, timeout=args.timeout, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -88,19 +102,20 @@ def render(result: dict[str, Any]) -> str:
     runs = result["runs"]
     first = runs[0]
     rows = [[r["tree"], r["seconds"], r["cpu_s"], r["new_tokens"]] for r in runs]
+    per_prompt = first.get("completions_per_prompt", 1)
+    how = f"{per_prompt} sampled completions each (a round's generation)" if per_prompt > 1 else "greedy"
     parts = [
-        "# Held-out evaluation, default settings",
+        "# A round's generation, default settings" if per_prompt > 1 else "# Held-out evaluation, default settings",
         machine_line(result["machine"]),
         f"Model {result['settings']['model']}, fp32, {first['threads']} torch threads; {first['prompts']} prompts "
-        f"({', '.join(first['tasks'])}; {first['prompt_tokens']} prompt tokens), greedy, up to "
+        f"({', '.join(first['tasks'])}; {first['prompt_tokens']} prompt tokens), {how}, up to "
         f"{first['max_new_tokens']} new tokens, GEN_BATCH_SIZE {first['gen_batch_size']}; the trees alternating, "
         "each run in its own process.",
         markdown_table(["tree", "seconds", "CPU seconds", "new tokens"], rows),
     ]
     if result.get("identical_completions") is not None:
-        parts.append(
-            f"Completions identical between the trees: **{result['identical_completions']} of {first['prompts']}**."
-        )
+        total = first["prompts"] * per_prompt
+        parts.append(f"Completions identical between the trees: **{result['identical_completions']} of {total}**.")
     return "\n\n".join(parts)
 
 
@@ -116,6 +131,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=lambda item: tuple(item.split("=", 1)),
         metavar="VARIABLE=value",
         help="a setting other than its default, e.g. --set EVAL_SAMPLES=4 (repeatable)",
+    )
+    p.add_argument(
+        "--round",
+        action="store_true",
+        help="a training round's generation instead (NUM_TRAIN_SAMPLES questions x NUM_GENERATIONS, sampled)",
     )
     p.add_argument("--timeout", type=float, default=3600, help="per run, seconds")
     p.add_argument("--tag")
@@ -148,11 +168,18 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "part": "evaluation",
         "machine": machine_info("cpu", source),
-        "settings": {"model": args.model, "before": args.before, "runs": args.runs, "set": dict(args.set or [])},
+        "settings": {
+            "model": args.model,
+            "before": args.before,
+            "runs": args.runs,
+            "round": args.round,
+            "set": dict(args.set or []),
+        },
         "runs": runs,
         "identical_completions": identical,
     }
-    path = write_result("evaluation", args.tag or machine_tag("cpu"), result, render(result), args.out_dir)
+    part = "round_generation" if args.round else "evaluation"
+    path = write_result(part, args.tag or machine_tag("cpu"), result, render(result), args.out_dir)
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
