@@ -24,9 +24,10 @@ machine's 108 GFLOP/s.
 - **Attention over a shared prompt cache** (:func:`shared_prefix_cache`, :func:`shared_prefix_attention`). A
   generation continues each prompt G times; a static cache of G copies of the prompt's keys and values made every
   decoding step read them G times (for 32 SmolLM2 sequences of 113-token prompts, 8.7 MB a layer and 20 % of the
-  step). The cache holds them once per prompt, and a one-token query's attention multiplies a prompt's G rows by
-  them in one product per key-value head, then the rows' own decoded positions, up to those written (SDPA read the
-  static cache's unwritten tail too). The same result up to the order of additions.
+  step). The cache holds them once per prompt, and the prefix every prompt shares (the chat template's system turn)
+  once for all; a one-token query's attention multiplies the rows of each by them in one product per key-value head,
+  then the rows' own decoded positions, up to those written (SDPA read the static cache's unwritten tail too). The
+  same result up to the order of additions.
 
 :func:`cpu_generate_kwargs` turns a sampled ``generate`` call into a greedy one whose last logits processor does the
 sampling (``argmax`` of a one-hot row is the sampled token): the warpers transformers would add for the sampling
@@ -271,7 +272,8 @@ def shared_prefix_supported(model: nn.Module) -> bool:
     layer_types = getattr(text, "layer_types", None) or ["full_attention"]
     parameter = next(model.parameters(), None)
     return (
-        all(kind == "full_attention" for kind in layer_types)
+        not getattr(config, "is_encoder_decoder", False)
+        and all(kind == "full_attention" for kind in layer_types)
         and getattr(text, "sliding_window", None) is None
         and parameter is not None
         and parameter.dtype == torch.float32
@@ -283,22 +285,27 @@ def _shared_prefix_layer_class() -> type:
     from transformers.cache_utils import StaticLayer
 
     class SharedPrefixLayer(StaticLayer):
-        """A static cache layer whose prompt part is held once per prompt, ``[P, heads, Lp, D]``, and whose decoded
-        part, ``[P * copies, heads, max_cache_len - Lp, D]``, is written in place: rows ``p * copies`` to
-        ``(p + 1) * copies - 1`` continue prompt ``p``. ``update`` returns the decoded part written so far; the
-        attention reads the prompt part through :func:`_shared_prefix_attention`."""
+        """A static cache layer whose prompt part is held in ``parts`` (keys, values) of ``[E, heads, L, D]``, each of
+        its E entries standing for ``rows / E`` consecutive rows (the prefix every prompt shares: one entry for all
+        rows; each prompt's rest: one entry for its ``copies`` rows), and whose decoded part, ``[rows, heads,
+        max_cache_len - prompt, D]``, is written in place. ``update`` returns the decoded part written so far; the
+        attention reads the prompt's parts through :func:`_shared_prefix_attention`."""
 
-        def __init__(self, keys: Tensor, values: Tensor, copies: int, max_cache_len: int) -> None:
+        def __init__(self, parts: list[tuple[Tensor, Tensor]], rows: int, max_cache_len: int) -> None:
             super().__init__(max_cache_len=max_cache_len)
-            prompts, heads, length, _ = keys.shape
+            parts = [(k, v) for k, v in parts if k.shape[2]]
+            if not parts or any(rows % k.shape[0] for k, _ in parts):
+                raise ValueError(f"prompt parts of {[k.shape[0] for k, _ in parts]} entries for {rows} rows")
+            keys, values = parts[0]
+            length = sum(k.shape[2] for k, _ in parts)
             if max_cache_len <= length:
                 raise ValueError(f"a cache of {max_cache_len} positions for a prompt part of {length}")
-            self.prefix_keys, self.prefix_values, self.copies, self.prefix_length = keys, values, copies, length
-            self.device, self.batch_size, self.num_heads = keys.device, prompts * copies, heads
+            self.parts, self.prefix_length = parts, length
+            self.device, self.batch_size, self.num_heads = keys.device, rows, keys.shape[1]
             self.k_head_dim, self.v_head_dim = keys.shape[-1], values.shape[-1]
             rest = max_cache_len - length
-            self.keys = keys.new_zeros(self.batch_size, heads, rest, self.k_head_dim)
-            self.values = values.new_zeros(self.batch_size, heads, rest, self.v_head_dim)
+            self.keys = keys.new_zeros(rows, self.num_heads, rest, self.k_head_dim)
+            self.values = values.new_zeros(rows, self.num_heads, rest, self.v_head_dim)
             self.written = 0
             self.cumulative_length = torch.tensor(length, dtype=int, device=self.device)
             self.is_initialized = True
@@ -318,10 +325,13 @@ def _shared_prefix_layer_class() -> type:
             return self.keys[:, :, :end], self.values[:, :, :end]
 
         def materialized(self) -> tuple[Tensor, Tensor]:
-            """Every row's keys and values as a plain cache holds them: the prompt part repeated, then the rest."""
-            return tuple(  # type: ignore[return-value]
-                torch.cat([prefix.repeat_interleave(self.copies, dim=0), own[:, :, : self.written]], dim=2)
-                for prefix, own in ((self.prefix_keys, self.keys), (self.prefix_values, self.values))
+            """Every row's keys and values as a plain cache holds them: the prompt's parts repeated, then the rest."""
+            rows = self.batch_size
+            keys = [k.repeat_interleave(rows // k.shape[0], dim=0) for k, _ in self.parts]
+            values = [v.repeat_interleave(rows // v.shape[0], dim=0) for _, v in self.parts]
+            end = self.written
+            return torch.cat([*keys, self.keys[:, :, :end]], dim=2), torch.cat(
+                [*values, self.values[:, :, :end]], dim=2
             )
 
         def _unsupported(self, *args: Any, **kwargs: Any) -> None:
@@ -344,14 +354,24 @@ def _register_attention() -> type:
     return _shared_prefix_layer_class()
 
 
-def shared_prefix_cache(prompt_cache: Any, copies: int, max_cache_len: int) -> Any:
+def shared_prefix_cache(prompt_cache: Any, copies: int, max_cache_len: int, shared: int = 0) -> Any:
     """A static cache of ``max_cache_len`` positions that continues each of the ``P`` prompts of ``prompt_cache``
-    (a prefilled transformers cache, one row a prompt) ``copies`` times, the prompt's keys and values held once
-    instead of ``copies`` times: a decoding step reads them once per prompt (:func:`_shared_prefix_attention`)."""
+    (a prefilled transformers cache, one row a prompt) ``copies`` times, the prompts' keys and values held once
+    instead of ``copies`` times, and their first ``shared`` positions (a prefix every row holds alike: the chat
+    template's system turn) once for all: a decoding step reads them once (:func:`_shared_prefix_attention`)."""
     from transformers.cache_utils import Cache
 
     layer_class = _register_attention()
-    return Cache(layers=[layer_class(layer.keys, layer.values, copies, max_cache_len) for layer in prompt_cache.layers])
+    layers = []
+    for layer in prompt_cache.layers:
+        keys, values = layer.keys, layer.values
+        head = (keys[:1, :, :shared], values[:1, :, :shared])
+        if shared and not (torch.equal(keys[:, :, :shared], head[0].expand_as(keys[:, :, :shared]))):
+            raise ValueError(f"the cache's first {shared} positions differ between its rows: not a shared prefix")
+        # Contiguous: a step's products would otherwise gather the strided slices again in every layer.
+        parts = [(k.contiguous(), v.contiguous()) for k, v in (head, (keys[:, :, shared:], values[:, :, shared:]))]
+        layers.append(layer_class(parts, keys.shape[0] * copies, max_cache_len))
+    return Cache(layers=layers)
 
 
 @contextmanager
@@ -389,41 +409,62 @@ def _shared_prefix_attention(
     is_causal: bool | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
-    """SDPA attention for a one-token query over a :class:`SharedPrefixLayer`: the ``copies`` rows of a prompt
-    (``G`` rows, each with ``H = kv_heads * rep`` query heads) multiply the prompt's keys and values once, as one
-    ``[G * rep]``-row product per key-value head, instead of reading ``G`` copies of them; the rows' own decoded
-    positions are attended row by row; one softmax over both. A decoding step of 32 SmolLM2 sequences of 113-token
-    prompts read 8.7 MB of keys and values a layer through SDPA, 2.4 MB this way (bench/README.md §10). The result
-    is SDPA's up to the order of additions. Anything else (a longer query, dropout, extra terms) runs SDPA on the
-    materialised cache."""
+    """SDPA attention for a one-token query over a :class:`SharedPrefixLayer`: for each part of the prompt, the rows
+    an entry stands for (all rows for the shared prefix, a prompt's ``G`` copies for its rest; each row with ``H =
+    kv_heads * rep`` query heads) multiply the entry's keys and values once, as one product per key-value head,
+    instead of reading a copy for every row; the rows' own decoded positions are attended row by row; one softmax
+    over all. A decoding step of 32 SmolLM2 sequences of 113-token prompts read 8.7 MB of keys and values a layer
+    through SDPA, 2.4 MB this way (bench/README.md §10). The result is SDPA's up to the order of additions. Anything
+    else (a longer query, dropout, extra terms) runs SDPA on the materialised cache."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     cache = _ACTIVE_CACHE.get()
-    layer = cache.layers[module.layer_idx] if cache is not None else None
-    ours = layer is not None and key.data_ptr() == layer.keys.data_ptr() and key.shape[2] == layer.written
+    if cache is None:  # not decoding from a shared-prefix cache: SDPA itself
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    index = getattr(module, "layer_idx", None)
+    layer = cache.layers[index] if isinstance(index, int) and 0 <= index < len(cache.layers) else None
+    if layer is None or key.data_ptr() != layer.keys.data_ptr() or key.shape[2] != layer.written:
+        # Keys from elsewhere would be attended without their prompt part: refuse rather than compute that.
+        raise RuntimeError(f"{type(module).__name__} (layer {index}) attends to keys not from the shared-prefix cache")
     extras = any(kwargs.get(name) is not None for name in ("softcap", "s_aux", "sliding_window", "position_bias"))
-    if not ours or query.shape[2] != 1 or dropout or extras:
-        if ours:
-            key, value = layer.materialized()
-            if attention_mask is not None:
-                attention_mask = attention_mask[..., : key.shape[2]]
+    if query.shape[2] != 1 or dropout or extras:
+        key, value = layer.materialized()
+        if attention_mask is not None:
+            attention_mask = attention_mask[..., : key.shape[2]]
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
     rows, heads, _, dim = query.shape
-    prompts, kv_heads, length, _ = layer.prefix_keys.shape
-    copies, rep, own = layer.copies, heads // kv_heads, key.shape[2]
+    kv_heads = key.shape[1]
+    rep = heads // kv_heads
     scale = scaling if scaling is not None else dim**-0.5
-    # [rows, heads, 1, D] -> [P, kv_heads, copies * rep, D]: a prompt's rows side by side for each key-value head.
-    grouped = query.reshape(prompts, copies, kv_heads, rep, dim).transpose(1, 2).reshape(prompts, kv_heads, -1, dim)
-    prefix_scores = torch.matmul(grouped, layer.prefix_keys.transpose(-1, -2))
-    prefix_scores = prefix_scores.view(prompts, kv_heads, copies, rep, length).transpose(1, 2)
-    own_scores = torch.matmul(query.reshape(rows, kv_heads, rep, dim), key.transpose(-1, -2))
-    scores = torch.cat([prefix_scores.reshape(rows, kv_heads, rep, length), own_scores], dim=-1).mul_(scale)
-    mask = attention_mask[..., : length + own] if attention_mask is not None else None
+
+    def by_entry(x: Tensor, entries: int) -> Tensor:
+        """``[rows, kv_heads, rep, n]`` -> ``[entries, kv_heads, rows / entries * rep, n]``: an entry's rows side by
+        side for each key-value head."""
+        return (
+            x.reshape(entries, -1, kv_heads, rep, x.shape[-1])
+            .transpose(1, 2)
+            .reshape(entries, kv_heads, -1, x.shape[-1])
+        )
+
+    def by_row(x: Tensor, entries: int) -> Tensor:
+        """The inverse of ``by_entry``."""
+        return x.view(entries, kv_heads, -1, rep, x.shape[-1]).transpose(1, 2).reshape(rows, kv_heads, rep, x.shape[-1])
+
+    queries = query.reshape(rows, kv_heads, rep, dim)
+    part_scores = [
+        by_row(torch.matmul(by_entry(queries, k.shape[0]), k.transpose(-1, -2)), k.shape[0]) for k, _ in layer.parts
+    ]
+    scores = torch.cat([*part_scores, torch.matmul(queries, key.transpose(-1, -2))], dim=-1).mul_(scale)
+    mask = attention_mask[..., : scores.shape[-1]] if attention_mask is not None else None
     probs = torch.softmax(_masked(scores, mask), dim=-1)
-    prefix_probs = probs[..., :length].reshape(prompts, copies, kv_heads, rep, length).transpose(1, 2)
-    out = torch.matmul(prefix_probs.reshape(prompts, kv_heads, -1, length), layer.prefix_values)
-    out = out.view(prompts, kv_heads, copies, rep, -1).transpose(1, 2).reshape(rows, kv_heads, rep, -1)
-    out = out + torch.matmul(probs[..., length:], value)
+    out = torch.matmul(probs[..., layer.prefix_length :], value)
+    start = 0
+    for keys, values in layer.parts:
+        entries, end = keys.shape[0], start + keys.shape[2]
+        out += by_row(torch.matmul(by_entry(probs[..., start:end], entries), values), entries)
+        start = end
     return out.reshape(rows, 1, heads, -1), None

@@ -446,15 +446,15 @@ class PolicyTrainer:
         On the CPU the cache is a static one of ``length`` positions: a growing cache concatenates every layer's
         keys and values at every step (for 32 sequences of 150 tokens, 220 MB copied a step beside 540 MB of
         weights read), a static one writes one position in place. With the fast CPU decoding it holds each prompt's
-        keys and values once for its ``copies`` rows instead of ``copies`` times (:mod:`.decoding`), where the
-        model allows. Elsewhere it stays the growing one (a GPU's copies are cheap, and transformers compiles a
-        static cache's model on a GPU unless told not to)."""
+        keys and values once for its ``copies`` rows instead of ``copies`` times, and the ``shared`` prefix once for
+        all rows (:mod:`.decoding`), where the model allows. Elsewhere it stays the growing one (a GPU's copies are
+        cheap, and transformers compiles a static cache's model on a GPU unless told not to)."""
         from transformers import StaticCache
 
         cache, _ = grpo.prompt_cache(self.model, ids, mask, shared, self._cache_kwarg)
         on_cpu = self.device.type == "cpu" and STATIC_CACHE_ON_CPU
         if on_cpu and SHARED_PROMPT_CACHE_ON_CPU and FAST_CPU_DECODING and decoding.shared_prefix_supported(self.model):
-            return decoding.shared_prefix_cache(cache, copies, length), True
+            return decoding.shared_prefix_cache(cache, copies, length, shared), True
         cache.batch_repeat_interleave(copies)
         if self.device.type != "cpu" or not STATIC_CACHE_ON_CPU:
             return cache, False

@@ -250,28 +250,39 @@ class _Attention(torch.nn.Module):
         self.layer_idx, self.num_key_value_groups, self.is_causal, self.training = layer_idx, groups, True, False
 
 
-def _shared_cache(prompts: int, copies: int, kv_heads: int, prefix: int, capacity: int, seed: int) -> Any:
+def _shared_cache(
+    prompts: int, copies: int, kv_heads: int, prefix: int, capacity: int, seed: int, shared: int = 0
+) -> Any:
+    """A shared-prefix cache of two layers from random prompt keys and values, their first ``shared`` positions alike
+    in every prompt."""
     from transformers import DynamicCache
 
     gen = torch.Generator().manual_seed(seed)
     cache = DynamicCache()
     for index in range(2):
-        cache.update(*(torch.randn(prompts, kv_heads, prefix, 8, generator=gen) for _ in range(2)), index)
-    return decoding.shared_prefix_cache(cache, copies, prefix + capacity)
+        states = [torch.randn(prompts, kv_heads, prefix, 8, generator=gen) for _ in range(2)]
+        for state in states:
+            state[:, :, :shared] = state[:1, :, :shared]
+        cache.update(*states, index)
+    return decoding.shared_prefix_cache(cache, copies, prefix + capacity, shared)
 
 
-@pytest.mark.parametrize(("prompts", "copies", "groups"), [(3, 4, 3), (2, 1, 1), (1, 5, 2)])
+@pytest.mark.parametrize(("prompts", "copies", "groups"), [(3, 4, 3), (2, 1, 1), (1, 5, 2), (4, 1, 3)])
+@pytest.mark.parametrize("shared", [0, 2])
 @pytest.mark.parametrize("mask", ["bool", "float", "none"])
 def test_shared_prefix_attention_computes_what_sdpa_computes_on_the_repeated_cache(
-    prompts: int, copies: int, groups: int, mask: str
+    prompts: int, copies: int, groups: int, shared: int, mask: str
 ) -> None:
-    """One-token queries over a prompt's keys and values held once equal SDPA over G copies of them, padding in the
-    prompt part masked (boolean or additive mask, or none), after several decoded positions."""
+    """One-token queries over the prefix every prompt shares held once and each prompt's rest held once equal SDPA
+    over every row's copy of them, padding in the prompt part masked (boolean or additive mask, or none), after
+    several decoded positions."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     gen = torch.Generator().manual_seed(7)
     kv_heads, prefix, rows = 2, 9, prompts * copies
-    cache = _shared_cache(prompts, copies, kv_heads, prefix, 6, seed=1)
+    cache = _shared_cache(prompts, copies, kv_heads, prefix, 6, seed=1, shared=shared)
+    if shared:
+        assert [k.shape[0] for k, _ in cache.layers[0].parts] == [1, prompts]  # the shared prefix once for all
     layer, module = cache.layers[1], _Attention(1, groups)
     allowed = torch.ones(rows, 1, 1, prefix + 6, dtype=torch.bool)
     allowed[:, :, :, 2:4] = False  # padding after a shared prefix, as generation lays prompts out
@@ -313,10 +324,20 @@ def test_shared_prefix_attention_runs_sdpa_on_the_materialised_cache_for_longer_
     torch.testing.assert_close(got, expected)
 
 
+def _dynamic_cache(states: Any) -> Any:
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.update(states.clone(), states.clone(), 0)
+    return cache
+
+
 def test_a_shared_prefix_cache_is_forward_only_and_bounded() -> None:
     cache = _shared_cache(2, 2, 1, 4, 2, seed=4)
     layer = cache.layers[0]
-    assert layer.keys.shape == (4, 1, 2, 8) and layer.prefix_keys.shape == (2, 1, 4, 8)
+    assert layer.keys.shape == (4, 1, 2, 8) and [k.shape for k, _ in layer.parts] == [(2, 1, 4, 8)]
+    with pytest.raises(ValueError, match="first 2 positions differ between its rows"):
+        decoding.shared_prefix_cache(_dynamic_cache(torch.arange(16.0).view(2, 1, 1, 8).expand(2, 1, 3, 8)), 2, 6, 2)
     for refused in (lambda: layer.crop(-1), lambda: layer.reorder_cache(torch.arange(4)), lambda: cache.crop(-1)):
         with pytest.raises(NotImplementedError, match="forward only"):
             refused()
@@ -344,3 +365,19 @@ def test_models_the_shared_prefix_attention_does_not_apply_to(loaded_tiny: Any) 
     sliding.config.sliding_window = 4
     assert decoding.shared_prefix_supported(model)
     assert not any(decoding.shared_prefix_supported(m) for m in (half, eager, sliding))
+
+
+def test_shared_prefix_attention_refuses_keys_that_are_not_the_caches() -> None:
+    """Keys from elsewhere while a shared-prefix cache is active would be attended without their prompt part."""
+    cache = _shared_cache(1, 2, 1, 3, 2, seed=5)
+    keys, values = cache.layers[0].update(torch.zeros(2, 1, 1, 8), torch.zeros(2, 1, 1, 8))
+    query = torch.zeros(2, 1, 1, 8)
+    token = decoding._ACTIVE_CACHE.set(cache)
+    try:
+        for module, k in ((_Attention(0, 1), keys.clone()), (_Attention(5, 1), keys)):
+            with pytest.raises(RuntimeError, match="not from the shared-prefix cache"):
+                decoding._shared_prefix_attention(module, query, k, values, None)
+    finally:
+        decoding._ACTIVE_CACHE.reset(token)
+    got, _ = decoding._shared_prefix_attention(_Attention(0, 1), query, keys, values, None)  # no cache: plain SDPA
+    assert got.shape == (2, 1, 1, 8)

@@ -500,8 +500,9 @@ def test_the_shared_prefix_cache_holds_each_prompts_own_keys_and_values(
     assert shared > 8 and (mask[:, shared] == 0).any()  # padding sits after the shared prefix
     cache, shares = trainer._prefill(ids, mask, shared, 2, ids.shape[1] + 4)
     assert decoding.shared_prefix_supported(model) and shares == shared_prompts
-    if shares:
-        assert all(layer.prefix_keys.shape[0] == len(prompts) for layer in cache.layers)  # once per prompt
+    if shares:  # the system turn once for all rows, each prompt's rest once for its copies
+        expected = [(1, shared), (len(prompts), ids.shape[1] - shared)]
+        assert all([(k.shape[0], k.shape[2]) for k, _ in layer.parts] == expected for layer in cache.layers)
     layers = [layer.materialized() if shares else (layer.keys, layer.values) for layer in cache.layers]
     with torch.no_grad():
         for row, prompt in enumerate(prompts):
