@@ -20,7 +20,6 @@ machine's 108 GFLOP/s.
   compiler emits), on any thread count: SmolLM2's layers at 32 rows on 2 threads 61 ms against 92 transposed; a
   whole batched generation 1.2-1.45x (on 1 thread 1.2-1.35x); the packed copies held for the call. Where packing is
   missing, memory is short or the weights are not fp32, the transposed linears above.
-
 - **Attention over a shared prompt cache** (:func:`shared_prefix_cache`, :func:`shared_prefix_attention`). A
   generation continues each prompt G times; a static cache of G copies of the prompt's keys and values made every
   decoding step read them G times (for 32 SmolLM2 sequences of 113-token prompts, 8.7 MB a layer and 20 % of the
@@ -398,6 +397,39 @@ def _masked(scores: Tensor, mask: Tensor | None) -> Tensor:
     return scores + mask
 
 
+def _sdpa(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float,
+    scaling: float | None,
+    is_causal: bool | None,
+    **kwargs: Any,
+) -> tuple[Tensor, Any]:
+    """transformers' own SDPA attention, what :func:`_shared_prefix_attention` falls back to."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+    )
+
+
+def _by_entry(x: Tensor, entries: int) -> Tensor:
+    """``[rows, kv_heads, rep, n]`` -> ``[entries, kv_heads, rows / entries * rep, n]``: the rows an entry of a
+    prompt part stands for, side by side for each key-value head."""
+    rows, kv_heads, rep, n = x.shape
+    return x.reshape(entries, rows // entries, kv_heads, rep, n).transpose(1, 2).reshape(entries, kv_heads, -1, n)
+
+
+def _by_row(x: Tensor, shape: torch.Size) -> Tensor:
+    """The inverse of :func:`_by_entry`, to ``shape``'s rows, key-value heads and ``rep`` (the last size ``x``'s)."""
+    rows, kv_heads, rep, _ = shape
+    n = x.shape[-1]
+    return x.view(x.shape[0], kv_heads, -1, rep, n).transpose(1, 2).reshape(rows, kv_heads, rep, n)
+
+
 def _shared_prefix_attention(
     module: nn.Module,
     query: Tensor,
@@ -416,13 +448,9 @@ def _shared_prefix_attention(
     over all. A decoding step of 32 SmolLM2 sequences of 113-token prompts read 8.7 MB of keys and values a layer
     through SDPA, 2.4 MB this way (bench/README.md §10). The result is SDPA's up to the order of additions. Anything
     else (a longer query, dropout, extra terms) runs SDPA on the materialised cache."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     cache = _ACTIVE_CACHE.get()
     if cache is None:  # not decoding from a shared-prefix cache: SDPA itself
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
-        )
+        return _sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
     index = getattr(module, "layer_idx", None)
     layer = cache.layers[index] if isinstance(index, int) and 0 <= index < len(cache.layers) else None
     if layer is None or key.data_ptr() != layer.keys.data_ptr() or key.shape[2] != layer.written:
@@ -433,30 +461,14 @@ def _shared_prefix_attention(
         key, value = layer.materialized()
         if attention_mask is not None:
             attention_mask = attention_mask[..., : key.shape[2]]
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
-        )
+        return _sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
     rows, heads, _, dim = query.shape
     kv_heads = key.shape[1]
-    rep = heads // kv_heads
     scale = scaling if scaling is not None else dim**-0.5
-
-    def by_entry(x: Tensor, entries: int) -> Tensor:
-        """``[rows, kv_heads, rep, n]`` -> ``[entries, kv_heads, rows / entries * rep, n]``: an entry's rows side by
-        side for each key-value head."""
-        return (
-            x.reshape(entries, -1, kv_heads, rep, x.shape[-1])
-            .transpose(1, 2)
-            .reshape(entries, kv_heads, -1, x.shape[-1])
-        )
-
-    def by_row(x: Tensor, entries: int) -> Tensor:
-        """The inverse of ``by_entry``."""
-        return x.view(entries, kv_heads, -1, rep, x.shape[-1]).transpose(1, 2).reshape(rows, kv_heads, rep, x.shape[-1])
-
-    queries = query.reshape(rows, kv_heads, rep, dim)
+    queries = query.reshape(rows, kv_heads, heads // kv_heads, dim)
     part_scores = [
-        by_row(torch.matmul(by_entry(queries, k.shape[0]), k.transpose(-1, -2)), k.shape[0]) for k, _ in layer.parts
+        _by_row(torch.matmul(_by_entry(queries, k.shape[0]), k.transpose(-1, -2)), queries.shape)
+        for k, _ in layer.parts
     ]
     scores = torch.cat([*part_scores, torch.matmul(queries, key.transpose(-1, -2))], dim=-1).mul_(scale)
     mask = attention_mask[..., : scores.shape[-1]] if attention_mask is not None else None
@@ -464,7 +476,7 @@ def _shared_prefix_attention(
     out = torch.matmul(probs[..., layer.prefix_length :], value)
     start = 0
     for keys, values in layer.parts:
-        entries, end = keys.shape[0], start + keys.shape[2]
-        out += by_row(torch.matmul(by_entry(probs[..., start:end], entries), values), entries)
+        end = start + keys.shape[2]
+        out += _by_row(torch.matmul(_by_entry(probs[..., start:end], keys.shape[0]), values), queries.shape)
         start = end
     return out.reshape(rows, 1, heads, -1), None

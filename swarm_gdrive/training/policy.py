@@ -452,11 +452,12 @@ class PolicyTrainer:
         from transformers import StaticCache
 
         cache, _ = grpo.prompt_cache(self.model, ids, mask, shared, self._cache_kwarg)
-        on_cpu = self.device.type == "cpu" and STATIC_CACHE_ON_CPU
-        if on_cpu and SHARED_PROMPT_CACHE_ON_CPU and FAST_CPU_DECODING and decoding.shared_prefix_supported(self.model):
+        static_cpu = self.device.type == "cpu" and STATIC_CACHE_ON_CPU
+        shares = static_cpu and SHARED_PROMPT_CACHE_ON_CPU and self._fast_cpu_decoding()
+        if shares and decoding.shared_prefix_supported(self.model):
             return decoding.shared_prefix_cache(cache, copies, length, shared), True
         cache.batch_repeat_interleave(copies)
-        if self.device.type != "cpu" or not STATIC_CACHE_ON_CPU:
+        if not static_cpu:
             return cache, False
         static = StaticCache(config=self.model.config, max_cache_len=length)
         for index, layer in enumerate(cache.layers):
