@@ -417,19 +417,22 @@ class PolicyTrainer:
             "pad_token_id": self.tokenizer.pad_token_id,
             "disable_compile": True,  # a compile costs more than a round's generation saves (and needs a compiler)
         }
+        draws: Any = nullcontext()
         if self._fast_cpu_decoding():
             kwargs = decoding.cpu_generate_kwargs(self.model, kwargs)
+            draws = decoding.prefetched_uniforms()  # the next step's uniforms drawn during each step
         if (num_generations == 1 and not shared) or ids.shape[1] < 2:
             # The rows repeated as num_return_sequences would repeat them (which a greedy call refuses).
-            return self.model.generate(
-                input_ids=ids.repeat_interleave(num_generations, dim=0),
-                attention_mask=mask.repeat_interleave(num_generations, dim=0),
-                **kwargs,
-            )
+            with draws:
+                return self.model.generate(
+                    input_ids=ids.repeat_interleave(num_generations, dim=0),
+                    attention_mask=mask.repeat_interleave(num_generations, dim=0),
+                    **kwargs,
+                )
         cache, shares_prompts = self._prefill(
             ids[:, :-1], mask[:, :-1], shared, num_generations, ids.shape[1] + kwargs["max_new_tokens"]
         )
-        with decoding.shared_prefix_attention(self.model, cache) if shares_prompts else nullcontext():
+        with draws, decoding.shared_prefix_attention(self.model, cache) if shares_prompts else nullcontext():
             return self.model.generate(
                 input_ids=ids.repeat_interleave(num_generations, dim=0),
                 attention_mask=mask.repeat_interleave(num_generations, dim=0),

@@ -4,6 +4,8 @@ nn.Linear, the same tokens as transformers' own sampling."""
 from __future__ import annotations
 
 import copy
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,65 @@ def test_same_draw_gives_torch_multinomials_tokens_and_generator_state(keep: int
         assert torch.equal(got_after, after)
 
 
+def _multinomial_steps(steps: list[Any], seed: int) -> tuple[list[Any], Any]:
+    torch.manual_seed(seed)
+    return [torch.multinomial(p, 1) for p in steps], torch.rand(4)
+
+
+def test_uniforms_drawn_ahead_give_the_same_tokens_and_generator_state() -> None:
+    """A helper thread draws each next step's uniforms from a copy of the generator; one drawn for another shape is
+    dropped and drawn anew, and the one no step took leaves the generator where it was: tokens and the generator
+    after are torch's."""
+    steps = [_probs(6, 500, keep, seed) for seed, keep in enumerate([50, None, 50, 1, 50])]
+    steps.insert(3, _probs(2, 300, 50, 9))  # another shape between steps
+    expected, after = _multinomial_steps(steps, 7)
+    torch.manual_seed(7)
+    taken = []
+    with decoding.prefetched_uniforms():
+        for probs in steps:
+            ahead = decoding._PREFETCH.get().pending is not None
+            got = same_draw(probs)
+            taken.append(ahead)
+            assert torch.equal(got, expected[len(taken) - 1])
+    assert decoding._PREFETCH.get() is None
+    assert taken == [False, True, True, True, True, True]
+    assert torch.equal(torch.rand(4), after)
+
+
+def test_a_draw_between_steps_gets_its_own_numbers_and_the_next_step_its_own() -> None:
+    """Something else drawing from the generator between two steps takes the numbers it would have taken without
+    the draw ahead, which is dropped, and the next step draws after it."""
+    steps = [_probs(4, 200, 50, 1), _probs(4, 200, 50, 2), _probs(4, 200, None, 3)]
+    torch.manual_seed(5)
+    expected = [torch.multinomial(steps[0], 1), torch.rand(3), torch.multinomial(steps[1], 1)]
+    expected += [torch.multinomial(steps[2], 1), torch.rand(4)]
+    torch.manual_seed(5)
+    with decoding.prefetched_uniforms():
+        got = [same_draw(steps[0]), torch.rand(3), same_draw(steps[1]), same_draw(steps[2])]
+    got.append(torch.rand(4))
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+def test_uniforms_drawn_ahead_leave_the_generator_in_order_after_an_error() -> None:
+    probs = _probs(4, 200, 50, 2)
+    expected, after = _multinomial_steps([probs], 3)
+    torch.manual_seed(3)
+    with pytest.raises(KeyError), decoding.prefetched_uniforms():
+        assert torch.equal(same_draw(probs), expected[0])
+        raise KeyError("stop")
+    assert torch.equal(torch.rand(4), after)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
+def test_the_helper_thread_runs_at_the_lowest_priority() -> None:
+    own = os.getpriority(os.PRIO_PROCESS, 0)  # on Linux, the calling thread's
+    with decoding.prefetched_uniforms():
+        same_draw(_probs(2, 100, None, 0))
+        native = [t.native_id for t in decoding._PREFETCH.get().pool._threads]
+        assert native and all(os.getpriority(os.PRIO_PROCESS, n) == 19 for n in native)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == own  # the caller keeps its own
+
+
 @pytest.mark.parametrize(
     ("row", "message"),
     [([0.5, float("nan")], "inf"), ([0.5, -0.1], "element < 0"), ([0.0, 0.0], "sum of probabilities")],
@@ -74,6 +135,26 @@ def test_a_zero_uniform_on_an_impossible_token_picks_it_as_torch_does(monkeypatc
     uniforms[0, 7] = 0.0
     monkeypatch.setattr(decoding.torch, "rand", lambda *a, **k: uniforms.clone())
     assert same_draw(probs).item() == 7
+
+
+@pytest.mark.parametrize(
+    ("row", "uniform", "token"),
+    [
+        ({2: 0.5, 5: 0.5}, 0.5, 2),  # a tie: argmax's first
+        ({3: 1e-45, 6: 1e-45}, 0.999999, 0),  # every p / q underflows to 0: argmax's first 0, an impossible token
+    ],
+)
+def test_the_sparse_draw_picks_what_the_full_division_picks(
+    monkeypatch: pytest.MonkeyPatch, row: dict[int, float], uniform: float, token: int
+) -> None:
+    probs = torch.zeros(2, 16)
+    probs[0, 9] = 1.0
+    for column, p in row.items():
+        probs[1, column] = p
+    uniforms = torch.full((2, 16), uniform, dtype=torch.float64)
+    monkeypatch.setattr(decoding.torch, "rand", lambda *a, **k: uniforms.clone())
+    full = torch.argmax(probs / (-torch.log1p(-uniforms)).to(probs.dtype), dim=-1)
+    assert same_draw(probs).squeeze(1).tolist() == full.tolist() == [9, token]
 
 
 def test_greedy_and_unreproduced_settings_keep_generates_own_sampling(loaded_tiny: Any) -> None:

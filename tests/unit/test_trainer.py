@@ -573,6 +573,29 @@ def test_cpu_generation_decodes_through_packed_linears_and_samples_what_generate
     assert got == reference_generate(trainer, prompts, 2, 4, do_sample=True, temperature=0.7, top_p=1.0)
 
 
+def test_sampled_cpu_generation_draws_ahead_and_leaves_the_generator_where_generate_does(
+    eos_model: Any, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each step's uniforms come drawn ahead on the helper thread, in every call of a generation (several calls,
+    completions that end early); the tokens and the generator's state after are the reference generate's."""
+    from swarm_gdrive.training import decoding
+
+    taken: list[bool] = []
+    draw = decoding._Prefetch.draw
+    monkeypatch.setattr(
+        decoding._Prefetch, "draw", lambda self, shape: taken.append(self.pending is not None) or draw(self, shape)
+    )
+    trainer = trainer_for(eos_model, tokenizer, gen_batch_size=4, max_new_tokens=9, temperature=0.8, top_p=1.0)
+    prompts = [trainer.prompt_ids([SYSTEM, {"role": "user", "content": "5 *" * (i + 1)}]) for i in range(5)]
+    got, after = trainer.generate(prompts, 2, seed=6).token_ids, torch.rand(4)
+    expected = reference_generate(trainer, prompts, 2, 6, do_sample=True, temperature=0.8, top_p=1.0)
+    assert got == expected
+    assert torch.equal(after, torch.rand(4))  # drawn after the reference generate
+    # 3 calls: the first step of each drawn then, the rest ahead
+    assert taken.count(False) == 3 and taken.count(True) > 3
+    assert any(len(c) < 9 for group in got for c in group)
+
+
 @pytest.mark.parametrize("system", [False, True])
 def test_greedy_single_completions_are_unchanged(eos_model: Any, tokenizer: Any, system: bool) -> None:
     trainer = trainer_for(eos_model, tokenizer, gen_batch_size=2, max_new_tokens=10)
