@@ -113,14 +113,15 @@ def test_lenient_extraction_reads_the_stated_answer_of_real_completions(completi
     ["= " * 20_000, "answer is 5 = " * 3_000, "1 = " * 10_000 + "x", "answer: 1 " * 5_000, "1/" * 20_000],
 )
 def test_lenient_extraction_of_a_hostile_completion_is_fast(hostile):
-    """Peers' completions are hostile: the rule reads each statement once (linear time). Measured in this process's
-    CPU seconds, not wall time (CI's loaded cores once stretched 10 ms of work to 1.3 s): the rule takes 5-20 ms
-    on these inputs, a quadratic one 1.7 s of CPU on the third (``(?:\\d+ = )+y`` measured on this machine)."""
+    """Peers' completions are hostile: the rule reads each statement once (linear time). Measured in the calling
+    thread's CPU seconds, not wall time (CI's loaded cores once stretched 10 ms of work to 1.3 s) nor the process's
+    (which counts its other threads: 0.52 s once on CI's cores): the rule takes 5-20 ms on these inputs, a quadratic
+    one 1.7 s of CPU on the third (``(?:\\d+ = )+y`` measured on this machine)."""
     import time
 
-    started = time.process_time()
+    started = time.thread_time()
     lenient_answer("<answer>" + hostile)
-    assert time.process_time() - started < 0.5
+    assert time.thread_time() - started < 0.5
 
 
 @pytest.mark.parametrize(

@@ -218,9 +218,10 @@ def test_long_answer_to_a_slow_verifier_scores_zero_fast(datasets: dict[str, Any
     short = "¬¬" * 60 + variable
     assert len(short) <= rewards.ANSWER_CHAR_LIMITS["propositional_logic"]
     assert score(dataset, entry, tagged(short)) == 1.0  # the verifier pays a padded restatement in full
-    started = time.process_time()  # CPU seconds: wall time on CI's loaded cores says nothing
+    # This thread's CPU seconds: wall time on CI's loaded cores says nothing, and the process's counts other threads.
+    started = time.thread_time()
     assert score(dataset, entry, tagged("¬¬" * 8000 + variable)) == 0.0  # 30 s in the verifier itself
-    assert time.process_time() - started < 0.5
+    assert time.thread_time() - started < 0.5
 
 
 class RecordingVerifier:
