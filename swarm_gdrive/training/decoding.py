@@ -32,9 +32,12 @@ machine's 108 GFLOP/s.
   same result up to the order of additions.
 
 :func:`cpu_generate_kwargs` turns a sampled ``generate`` call into a greedy one whose last logits processor does the
-sampling (``argmax`` of a one-hot row is the sampled token): the warpers transformers would add for the sampling
-settings, in its order, then :class:`SameDrawSampler`. Settings it does not reproduce (beams, typical-p, epsilon and
-eta cutoffs, top-h, watermarking, renormalised logits) keep ``generate``'s own sampling.
+sampling (``argmax`` of a one-hot row is the sampled token): with top-k (transformers' default of 50),
+:class:`TopKSampler`, which does the work of the warpers (and of the minimum-length processors, where no other
+processor comes between) from one ``topk`` of each row instead of five to seven passes over its vocabulary, with the
+same tokens; otherwise the warpers transformers would add for the sampling settings, in its order, then
+:class:`SameDrawSampler`. Settings it does not reproduce (beams, typical-p, epsilon and eta cutoffs, top-h,
+watermarking, renormalised logits, a call's own logits processors) keep ``generate``'s own sampling.
 """
 
 from __future__ import annotations
@@ -73,11 +76,7 @@ def same_draw(probs: Tensor) -> Tensor:
     if bool((probs.sum(1) == 0).any()):
         raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
     # exponential_ draws one float64 uniform per entry, in memory order, and returns -log1p(-u) cast to the dtype.
-    prefetch = _PREFETCH.get()
-    if prefetch is not None and probs.device.type == "cpu":
-        uniforms = prefetch.draw(probs.shape)
-    else:
-        uniforms = torch.rand(probs.shape, dtype=torch.float64, device=probs.device)
+    uniforms = _uniforms(probs.shape, probs.device)
     flat = torch.nonzero((probs > 0).view(-1)).squeeze(1)
     # A zero uniform gives q = 0, and 0 / 0 (NaN) is what torch's argmax then picks: the full division keeps that.
     if flat.numel() > _SPARSE_SHARE * probs.numel() or bool(uniforms.min() == 0):
@@ -92,6 +91,15 @@ def same_draw(probs: Tensor) -> Tensor:
         return _dense_draw(probs, uniforms)
     column = torch.where(ratio == best.index_select(0, row), flat - row * vocab, vocab)
     return torch.full_like(best, vocab, dtype=flat.dtype).scatter_reduce_(0, row, column, "amin").unsqueeze(1)
+
+
+def _uniforms(shape: torch.Size, device: torch.device) -> Tensor:
+    """``torch.rand(shape, dtype=torch.float64)`` from the default generator: drawn ahead where
+    :func:`prefetched_uniforms` is on (the CPU), else now."""
+    prefetch = _PREFETCH.get()
+    if prefetch is not None and device.type == "cpu":
+        return prefetch.draw(shape)
+    return torch.rand(shape, dtype=torch.float64, device=device)
 
 
 def _dense_draw(probs: Tensor, uniforms: Tensor) -> Tensor:
@@ -176,6 +184,116 @@ class SameDrawSampler:
         return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
 
 
+class TopKSampler:
+    """A sampled ``generate`` call's sampling with top-k (transformers' default of 50) as one logits processor: the
+    tokens, and the generator's state after them, of the processors it stands for, in transformers' order: the
+    minimum-length ones where given (``eos``: the end-of-sequence ids they keep out until ``min_length`` tokens in
+    all or ``min_new_tokens`` new ones), :class:`~transformers.TemperatureLogitsWarper`,
+    :class:`~transformers.TopKLogitsWarper`, :class:`~transformers.TopPLogitsWarper` where ``top_p`` < 1, then
+    :class:`SameDrawSampler`.
+
+    Those make five to seven passes over every row's vocabulary a step (a copy and a mask for each minimum length, a
+    mask for top-k, a full sort for top-p, the sampler's softmax, comparison and gathers): for 32 rows of SmolLM2's
+    49,152 entries, 8-12 ms of a 130 ms step (bench/README.md §10). This takes ``topk(k + 1)`` of the row, finds
+    top-k's survivors and top-p's among those k, and writes them into a row of ``-inf`` for the sampler's softmax:
+    the same processed row, bit for bit, so the same probabilities; the draw then divides only the k entries. Where
+    the k-th and (k+1)-th values tie, a value is not finite, or top-p meets equal values (whose order a sort leaves
+    open), the step runs the processors themselves. The output is :class:`SameDrawSampler`'s one-hot row (with
+    ``reuse_output``, one tensor rewritten in place each step: only where no step's scores are kept)."""
+
+    def __init__(
+        self,
+        top_k: int,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        eos: list[int] | None = None,
+        min_length: int = 0,
+        min_new_tokens: int = 0,
+        reuse_output: bool = False,
+    ) -> None:
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        if not isinstance(top_k, int) or top_k <= 0:
+            raise ValueError(f"top_k {top_k!r}: expected a positive integer")
+        self.top_k = top_k
+        self.temperature = temperature if temperature is not None and temperature != 1.0 else None
+        self.top_p = top_p if top_p is not None and top_p < 1.0 else None
+        self.eos = sorted({int(i) for i in eos or [] if int(i) >= 0})
+        self.min_length, self.min_new_tokens = min_length or 0, min_new_tokens or 0
+        self.reuse_output = reuse_output
+        self.prompt_length: int | None = None  # the first call's length: what generate was given
+        warpers: list[Any] = [] if self.temperature is None else [TemperatureLogitsWarper(self.temperature)]
+        warpers.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
+        if self.top_p is not None:
+            warpers.append(TopPLogitsWarper(top_p=self.top_p, min_tokens_to_keep=1))
+        self.reference = LogitsProcessorList([*warpers, SameDrawSampler()])  # what a step falls back to
+        self._processed: Tensor | None = None  # a row of -inf per sequence, the survivors written in for a step
+        self._out: Tensor | None = None
+        self._last: Tensor | None = None  # the tokens marked in _out
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        length = input_ids.shape[-1]
+        if self.prompt_length is None:
+            self.prompt_length = length
+        vocab = scores.shape[-1]
+        eos = [i for i in self.eos if i < vocab]
+        if eos and (length < self.min_length or length - self.prompt_length < self.min_new_tokens):
+            scores = scores.index_fill(-1, torch.tensor(eos, device=scores.device), float("-inf"))
+        token = self._draw(scores)
+        if token is None:
+            return self.reference(input_ids, scores)
+        return self._one_hot(scores, token)
+
+    def _draw(self, scores: Tensor) -> Tensor | None:
+        """The token ids ``[rows, 1]`` the processors would sample from ``scores``; None where this cannot say."""
+        k = self.top_k
+        if scores.dim() != 2 or scores.device.type != "cpu" or k >= scores.shape[1]:
+            return None
+        values, index = torch.topk(scores, k + 1)
+        if self.temperature is not None:  # the division is monotonic: the order and the survivors stay
+            values = values / self.temperature
+        top, index = values[:, :k], index[:, :k]
+        if not bool(torch.isfinite(top).all()) or not bool((values[:, k - 1] > values[:, k]).all()):
+            return None
+        rows, vocab = scores.shape
+        if self.top_p is not None:
+            if bool((top[:, :-1] == top[:, 1:]).any()):
+                return None
+            # TopPLogitsWarper's ascending sort of the processed row: its -inf entries, then these k ascending.
+            row = scores.new_full((rows, vocab), float("-inf"))
+            row[:, vocab - k :] = top.flip(1)
+            remove = row.softmax(dim=-1).cumsum(dim=-1) <= (1 - self.top_p)
+            remove[:, -1:] = False  # min_tokens_to_keep
+            top = top.masked_fill(remove[:, vocab - k :].flip(1), float("-inf"))
+        processed = self._processed
+        if processed is None or processed.shape != scores.shape or processed.dtype != scores.dtype:
+            processed = self._processed = torch.full_like(scores, float("-inf"))
+        probs = torch.softmax(processed.scatter_(1, index, top), dim=-1)
+        processed.scatter_(1, index, float("-inf"))
+        # same_draw on those probabilities, its division over the k entries where every other is 0.
+        uniforms = _uniforms(probs.shape, probs.device)
+        if bool(uniforms.min() == 0):
+            return _dense_draw(probs, uniforms)
+        q = (-torch.log1p(-uniforms.gather(1, index))).to(probs.dtype)
+        ratio = probs.gather(1, index) / q
+        best = ratio.amax(dim=1, keepdim=True)
+        if not bool((best > 0).all()):
+            return _dense_draw(probs, uniforms)
+        return torch.where(ratio == best, index, vocab).amin(dim=1, keepdim=True)
+
+    def _one_hot(self, scores: Tensor, token: Tensor) -> Tensor:
+        """Scores of 0 at ``token`` and -inf elsewhere: ``generate``'s greedy argmax is the token."""
+        if not self.reuse_output:
+            return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
+        out = self._out
+        if out is None or out.shape != scores.shape or out.dtype != scores.dtype:
+            out = self._out = torch.full_like(scores, float("-inf"))
+        elif self._last is not None:
+            out.scatter_(1, self._last, float("-inf"))
+        self._last = token
+        return out.scatter_(1, token, 0.0)
+
+
 def _effective_config(model: Any, overrides: dict[str, Any]) -> Any:
     """The generation config ``generate`` would use: the model's, transformers' defaults where unset, the call's."""
     config = copy.deepcopy(model.generation_config)
@@ -186,10 +304,38 @@ def _effective_config(model: Any, overrides: dict[str, Any]) -> Any:
     return config
 
 
+def _other_processors(config: Any, sampling: dict[str, Any]) -> bool:
+    """Whether ``generate`` adds logits processors for ``config`` besides the minimum-length ones and the warpers
+    (transformers' ``_get_logits_processor``)."""
+
+    def given(name: str, neutral: Any = None) -> bool:
+        value = getattr(config, name, None)
+        return value is not None and value != neutral
+
+    return bool(
+        given("guidance_scale", 1)
+        or given("sequence_bias")
+        or given("encoder_repetition_penalty", 1.0)
+        or given("repetition_penalty", 1.0)
+        or (getattr(config, "no_repeat_ngram_size", None) or 0) > 0
+        or (getattr(config, "encoder_no_repeat_ngram_size", None) or 0) > 0
+        or given("bad_words_ids")
+        or sampling.get("prefix_allowed_tokens_fn") is not None
+        or given("forced_bos_token_id")
+        or given("forced_eos_token_id")
+        or getattr(config, "remove_invalid_values", False)
+        or given("exponential_decay_length_penalty")
+        or given("suppress_tokens")
+        or given("begin_suppress_tokens")
+    )
+
+
 def cpu_generate_kwargs(model: Any, sampling: dict[str, Any]) -> dict[str, Any]:
-    """``generate`` keyword arguments that sample the tokens ``sampling`` would, by :class:`SameDrawSampler`; or
-    ``sampling`` unchanged where it is greedy or uses what this module does not reproduce."""
-    if not sampling.get("do_sample"):
+    """``generate`` keyword arguments that sample the tokens ``sampling`` would, by :class:`TopKSampler` (top-k set,
+    as transformers' default is) or the warpers then :class:`SameDrawSampler`; or ``sampling`` unchanged where it
+    is greedy, brings its own logits processors or uses what this module does not reproduce. Where the call would
+    add no logits processors but the minimum-length ones, :class:`TopKSampler` does their work too."""
+    if not sampling.get("do_sample") or sampling.get("logits_processor") is not None:
         return sampling
     from transformers import (
         LogitsProcessorList,
@@ -211,6 +357,19 @@ def cpu_generate_kwargs(model: Any, sampling: dict[str, Any]) -> dict[str, Any]:
     )
     if unsupported:
         return sampling
+    rest = {k: v for k, v in sampling.items() if k not in ("do_sample", "temperature", "top_k", "top_p", "min_p")}
+    if isinstance(config.top_k, int) and config.top_k > 0 and config.min_p is None:
+        length: dict[str, Any] = {}
+        minimum = (config.min_length or 0) > 0 or (config.min_new_tokens or 0) > 0
+        if minimum and not _other_processors(config, sampling):  # the only processors before it: its to do
+            eos = config.eos_token_id
+            eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+            length = {"eos": eos, "min_length": config.min_length, "min_new_tokens": config.min_new_tokens}
+            rest.update(min_length=0, min_new_tokens=None)
+        sampler = TopKSampler(
+            config.top_k, config.temperature, config.top_p, **length, reuse_output=not config.output_scores
+        )
+        return {**rest, "do_sample": False, "logits_processor": LogitsProcessorList([sampler])}
     # transformers' _get_logits_processor: the warpers, in this order, after every other processor.
     warpers: list[Any] = []
     if config.temperature is not None and config.temperature != 1.0:
@@ -221,7 +380,6 @@ def cpu_generate_kwargs(model: Any, sampling: dict[str, Any]) -> dict[str, Any]:
         warpers.append(TopPLogitsWarper(top_p=config.top_p, min_tokens_to_keep=1))
     if config.min_p is not None:
         warpers.append(MinPLogitsWarper(min_p=config.min_p, min_tokens_to_keep=1))
-    rest = {k: v for k, v in sampling.items() if k not in ("do_sample", "temperature", "top_k", "top_p", "min_p")}
     return {**rest, "do_sample": False, "logits_processor": LogitsProcessorList([*warpers, SameDrawSampler()])}
 
 

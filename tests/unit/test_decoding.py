@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 from swarm_gdrive.training import decoding  # noqa: E402
 from swarm_gdrive.training.decoding import (  # noqa: E402
     SameDrawSampler,
+    TopKSampler,
     cpu_generate_kwargs,
     decoding_linears,
     same_draw,
@@ -168,9 +169,159 @@ def test_sampling_becomes_transformers_warpers_in_its_order_then_the_sampler(loa
     model, _ = loaded_tiny
     kwargs = cpu_generate_kwargs(model, {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "max_new_tokens": 5})
     assert kwargs["do_sample"] is False and kwargs["max_new_tokens"] == 5 and "temperature" not in kwargs
-    names = [type(p).__name__ for p in kwargs["logits_processor"]]
-    # top_k is transformers' default of 50 where neither the model nor the call sets it.
+    # top_k is transformers' default of 50 where neither the model nor the call sets it: one processor for them all,
+    # which falls back to the warpers, in transformers' order, then the sampler.
+    [sampler] = kwargs["logits_processor"]
+    assert isinstance(sampler, TopKSampler) and (sampler.top_k, sampler.temperature, sampler.top_p) == (50, 0.7, 0.9)
+    names = [type(p).__name__ for p in sampler.reference]
     assert names == ["TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "SameDrawSampler"]
+    assert "min_new_tokens" not in kwargs and sampler.eos == []  # no minimum length: nothing taken over
+    for other in ({"top_k": 0}, {"min_p": 0.05}):  # no top-k to start from: the warpers, then the sampler
+        kwargs = cpu_generate_kwargs(model, {"do_sample": True, "temperature": 0.7, **other})
+        names = [type(p).__name__ for p in kwargs["logits_processor"]]
+        assert names[-1] == "SameDrawSampler" and "TopKSampler" not in names
+
+
+def test_the_sampler_takes_over_the_minimum_lengths_only_where_they_are_the_only_other_processors(
+    loaded_tiny: Any,
+) -> None:
+    model, tokenizer = loaded_tiny
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos)
+    kwargs = cpu_generate_kwargs(model, {"do_sample": True, "min_new_tokens": 4, "max_new_tokens": 6})
+    [sampler] = kwargs["logits_processor"]
+    assert (kwargs["min_new_tokens"], kwargs["min_length"]) == (None, 0)  # generate adds neither processor
+    assert (sampler.eos, sampler.min_new_tokens) == (sorted(eos), 4)
+    # A repetition penalty comes between them and the warpers in transformers' order: generate keeps them.
+    call = {"do_sample": True, "min_new_tokens": 4, "repetition_penalty": 1.3}
+    kwargs = cpu_generate_kwargs(model, call)
+    assert kwargs["min_new_tokens"] == 4 and kwargs["logits_processor"][0].eos == []
+    # A call's own logits processors: generate's own sampling, untouched.
+    own = {"do_sample": True, "logits_processor": ["given"]}
+    assert cpu_generate_kwargs(model, own) is own
+
+
+def _reference(sampler: TopKSampler, prompt_length: int) -> Any:
+    """transformers' processors that ``sampler`` stands for, in generate's order, then SameDrawSampler."""
+    from transformers import LogitsProcessorList, MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor
+
+    first: list[Any] = []
+    if sampler.eos and sampler.min_length:
+        first.append(MinLengthLogitsProcessor(sampler.min_length, sampler.eos))
+    if sampler.eos and sampler.min_new_tokens:
+        first.append(MinNewTokensLengthLogitsProcessor(prompt_length, sampler.min_new_tokens, sampler.eos))
+    return LogitsProcessorList([*first, *sampler.reference])
+
+
+def _fell_back(sampler: TopKSampler) -> list[int]:
+    """Counts the steps ``sampler`` hands to the processors themselves."""
+    calls = [0]
+    reference = sampler.reference
+
+    def counted(input_ids: Any, scores: Any) -> Any:
+        calls[0] += 1
+        return reference(input_ids, scores)
+
+    sampler.reference = counted
+    return calls
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"top_k": 50},
+        {"top_k": 50, "temperature": 0.7},
+        {"top_k": 20, "temperature": 1.3, "top_p": 0.9},
+        {"top_k": 50, "top_p": 0.5},
+        {"top_k": 1},
+        {"top_k": 5, "top_p": 1e-9},  # top-p keeps the one largest, even where the row sums to just under 1
+        {"top_k": 50, "eos": [3, 7], "min_new_tokens": 3},
+        {"top_k": 8, "temperature": 0.5, "eos": [0], "min_length": 6, "top_p": 0.8},
+    ],
+)
+def test_the_top_k_sampler_draws_the_tokens_and_generator_state_of_the_processors(settings: dict[str, Any]) -> None:
+    """Step by step on random scores (a growing sequence, so minimum lengths end part-way): the same one-hot rows as
+    transformers' processors then SameDrawSampler, and the same generator state after, without falling back."""
+    for seed in range(12):
+        sampler = TopKSampler(**settings, reuse_output=True)
+        reference = _reference(sampler, prompt_length=4)
+        fell_back = _fell_back(sampler)
+        generator = torch.Generator().manual_seed(seed)
+        for step in range(5):
+            input_ids = torch.zeros(6, 4 + step, dtype=torch.long)
+            scores = torch.randn(6, 400, generator=generator) * 3
+            scores[:, 3] += 8  # an end-of-sequence id the likeliest: the minimum lengths matter
+            torch.manual_seed(seed * 10 + step)
+            expected, after = reference(input_ids, scores.clone()), torch.rand(4)
+            torch.manual_seed(seed * 10 + step)
+            got = sampler(input_ids, scores)
+            assert torch.equal(got, expected)
+            assert torch.equal(torch.rand(4), after)
+        assert fell_back == [0]
+
+
+@pytest.mark.parametrize("case", ["tie at the k-th", "tie within top-p", "infinite", "nan"])
+def test_the_top_k_sampler_hands_what_it_cannot_decide_to_the_processors(case: str) -> None:
+    settings = {"top_k": 4, "top_p": 0.9 if case == "tie within top-p" else None}
+    generator = torch.Generator().manual_seed(2)
+    scores = torch.randn(3, 50, generator=generator)
+    if case == "tie at the k-th":  # the 4th and 5th largest equal: top-k keeps both
+        top = torch.topk(scores[1], 4).values
+        scores[1, scores[1] < top[-1]] = scores[1, scores[1] < top[-1]].clamp(max=float(top[-1]) - 1)
+        scores[1, 40] = top[-1]
+    elif case == "tie within top-p":
+        scores[0, :3] = 9.0
+    elif case == "infinite":
+        scores[2, 5] = float("inf")
+    else:
+        scores[0, 5] = float("nan")
+    sampler = TopKSampler(**settings)
+    reference = _reference(sampler, prompt_length=1)
+    fell_back = _fell_back(sampler)
+    input_ids = torch.zeros(3, 1, dtype=torch.long)
+    if case in ("infinite", "nan"):  # torch.multinomial's refusal, as the processors give it
+        with pytest.raises(RuntimeError, match="inf"):
+            reference(input_ids, scores.clone())
+        with pytest.raises(RuntimeError, match="inf"):
+            sampler(input_ids, scores)
+    else:
+        torch.manual_seed(1)
+        expected, after = reference(input_ids, scores.clone()), torch.rand(4)
+        torch.manual_seed(1)
+        assert torch.equal(sampler(input_ids, scores), expected)
+        assert torch.equal(torch.rand(4), after)
+    assert fell_back == [1]
+
+
+def test_the_top_k_sampler_breaks_equal_ratios_as_torch_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Equal logits among the top k and equal uniforms give equal p / q: argmax over the row takes the first in
+    vocabulary order, whatever order topk lists them in."""
+    scores = -torch.arange(60.0).repeat(4, 1) / 100  # no ties but the equal ones set here
+    for row, columns in enumerate([(3, 10), (10, 3, 40), (59, 0), (7, 8, 9)]):
+        scores[row, list(columns)] = 5.0
+    uniforms = torch.full((4, 60), 0.5, dtype=torch.float64)
+    monkeypatch.setattr(decoding, "_uniforms", lambda shape, device: uniforms.clone())
+    sampler = TopKSampler(5)
+    fell_back = _fell_back(sampler)
+    got = sampler(torch.zeros(4, 1, dtype=torch.long), scores).argmax(-1)
+    probs = torch.softmax(scores.masked_fill(scores < torch.topk(scores, 5).values[:, -1:], float("-inf")), -1)
+    full = torch.argmax(probs / (-torch.log1p(-uniforms)).to(probs.dtype), dim=-1)
+    assert got.tolist() == full.tolist() == [3, 3, 0, 7]
+    assert fell_back == [0]
+
+
+def test_the_top_k_sampler_takes_its_uniforms_drawn_ahead() -> None:
+    sampler = TopKSampler(50)
+    steps = [torch.randn(4, 300, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    torch.manual_seed(8)
+    expected = [_reference(sampler, 1)(torch.zeros(4, 1, dtype=torch.long), s.clone()) for s in steps]
+    after = torch.rand(4)
+    torch.manual_seed(8)
+    with decoding.prefetched_uniforms():
+        got = [sampler(torch.zeros(4, 1, dtype=torch.long), s) for s in steps]
+        assert decoding._PREFETCH.get().pending is not None
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    assert torch.equal(torch.rand(4), after)
 
 
 @pytest.fixture(scope="module")
@@ -194,8 +345,8 @@ def test_generation_samples_the_tokens_generate_samples(
 ) -> None:
     model, tokenizer = loaded_tiny
     prompts = tokenizer(["1 2 3", "4 5 6 7 8"], padding=True, return_tensors="pt")
-    common = {**prompts, "max_new_tokens": 10, "min_new_tokens": 10, "pad_token_id": tokenizer.pad_token_id}
-    plain = {"do_sample": True, **sampling}
+    common = {**prompts, "pad_token_id": tokenizer.pad_token_id}
+    plain = {"do_sample": True, "max_new_tokens": 10, "min_new_tokens": 10, **sampling}
     with torch.no_grad():
         torch.manual_seed(3)
         expected = model.generate(**common, **plain, num_return_sequences=3)

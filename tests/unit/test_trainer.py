@@ -18,7 +18,7 @@ from swarm_gdrive.protocol.metrics import NodeLog  # noqa: E402
 from swarm_gdrive.protocol.records import MetricRecord, decode_lines  # noqa: E402
 from swarm_gdrive.storage import LocalStorage  # noqa: E402
 from swarm_gdrive.training import grpo  # noqa: E402
-from swarm_gdrive.training.decoding import SameDrawSampler  # noqa: E402
+from swarm_gdrive.training.decoding import SameDrawSampler, TopKSampler  # noqa: E402
 from swarm_gdrive.training.models import load_model_and_tokenizer  # noqa: E402
 from swarm_gdrive.training.policy import (  # noqa: E402
     DeviceError,
@@ -362,7 +362,8 @@ def test_generate_batches_prompts_and_returns_i_by_g(
     # repeated once per completion (its prefill shared through the cache).
     assert [c["batch"] for c in calls] == [6, 6, 3]
     # Every call samples: transformers' own sampling, or on the CPU the processor that draws the same tokens faster.
-    assert all(c["do_sample"] or isinstance(c["logits_processor"][-1], SameDrawSampler) for c in calls)
+    samplers = (SameDrawSampler, TopKSampler)
+    assert all(c["do_sample"] or isinstance(c["logits_processor"][-1], samplers) for c in calls)
     assert all(c["max_new_tokens"] == 8 for c in calls)
     assert len(gen.token_ids) == len(gen.texts) == 5
     assert all(len(ids) == 3 for ids in gen.token_ids)
