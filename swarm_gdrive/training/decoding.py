@@ -360,11 +360,12 @@ def cpu_generate_kwargs(model: Any, sampling: dict[str, Any]) -> dict[str, Any]:
     rest = {k: v for k, v in sampling.items() if k not in ("do_sample", "temperature", "top_k", "top_p", "min_p")}
     if isinstance(config.top_k, int) and config.top_k > 0 and config.min_p is None:
         length: dict[str, Any] = {}
-        minimum = (config.min_length or 0) > 0 or (config.min_new_tokens or 0) > 0
-        if minimum and not _other_processors(config, sampling):  # the only processors before it: its to do
-            eos = config.eos_token_id
+        # generate replaces min_length by the prompt's length plus min_new_tokens where that is given.
+        min_length = 0 if config.min_new_tokens is not None else config.min_length or 0
+        if (min_length > 0 or (config.min_new_tokens or 0) > 0) and not _other_processors(config, sampling):
+            eos = config.eos_token_id  # the minimum lengths are the only processors before it: its to do
             eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-            length = {"eos": eos, "min_length": config.min_length, "min_new_tokens": config.min_new_tokens}
+            length = {"eos": eos, "min_length": min_length, "min_new_tokens": config.min_new_tokens}
             rest.update(min_length=0, min_new_tokens=None)
         sampler = TopKSampler(
             config.top_k, config.temperature, config.top_p, **length, reuse_output=not config.output_scores

@@ -191,7 +191,14 @@ def test_the_sampler_takes_over_the_minimum_lengths_only_where_they_are_the_only
     kwargs = cpu_generate_kwargs(model, {"do_sample": True, "min_new_tokens": 4, "max_new_tokens": 6})
     [sampler] = kwargs["logits_processor"]
     assert (kwargs["min_new_tokens"], kwargs["min_length"]) == (None, 0)  # generate adds neither processor
-    assert (sampler.eos, sampler.min_new_tokens) == (sorted(eos), 4)
+    assert (sampler.eos, sampler.min_new_tokens, sampler.min_length) == (sorted(eos), 4, 0)
+    # Both given: generate counts min_new_tokens from the prompt and drops min_length.
+    [sampler] = cpu_generate_kwargs(model, {"do_sample": True, "min_length": 50, "min_new_tokens": 2})[
+        "logits_processor"
+    ]
+    assert (sampler.min_length, sampler.min_new_tokens) == (0, 2)
+    [sampler] = cpu_generate_kwargs(model, {"do_sample": True, "min_length": 9})["logits_processor"]
+    assert (sampler.min_length, sampler.min_new_tokens) == (9, 0)
     # A repetition penalty comes between them and the warpers in transformers' order: generate keeps them.
     call = {"do_sample": True, "min_new_tokens": 4, "repetition_penalty": 1.3}
     kwargs = cpu_generate_kwargs(model, call)
