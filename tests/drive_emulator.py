@@ -612,6 +612,7 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def _serve(self) -> None:
+        started = time.monotonic()
         body = self._read_body()
         latency = self.server.emulator.call_latency_s
         if latency:
@@ -629,6 +630,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(response.body)))
         self.end_headers()
         self.wfile.write(response.body)
+        emulator = self.server.emulator
+        with emulator._lock:
+            emulator.served.append((self.command, self.path, len(body), len(response.body), started, time.monotonic()))
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
 
@@ -662,6 +666,8 @@ class DriveEmulator:
         self._thread: threading.Thread | None = None
         self._doc_text = ""
         self.requests: list[tuple[str, str]] = []
+        # (method, path, bytes received, bytes sent, monotonic start, monotonic end) of every request answered
+        self.served: list[tuple[str, str, int, int, float, float]] = []
         self.port = 0
         self.root_url = ""
         my_drive = self._new_file("My Drive", FOLDER_MIME, [], None)

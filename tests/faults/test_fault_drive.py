@@ -86,7 +86,15 @@ def test_a_heartbeat_does_not_wait_behind_a_large_transfer(emu, direction):
 
     longest, took = heartbeat_delays(storage, transfer)
     assert took > 2.5, took  # the transfer was long ...
-    assert longest < 1.0, (longest, took)  # ... and no heartbeat waited for it: each took about one round trip
+    # ... and the heartbeats went on beside it: Drive answered some of them while a chunk was on the wire (a client
+    # whose threads took turns on one connection would send nothing while a chunk is in flight) ...
+    chunks = [(start, end) for _, _, got, sent, start, end in emu.served if max(got, sent) >= MIB]
+    small = [(start, end) for _, _, got, sent, start, end in emu.served if max(got, sent) < 64 * 1024]
+    beside = [s for s in small if any(c_start < s[0] and s[1] < c_end for c_start, c_end in chunks)]
+    assert len(chunks) >= 6 and beside, (len(chunks), len(small))
+    # ... and none waited for the transfer. Measured against the transfer's own time: on a loaded 2-core CI run a
+    # heartbeat beside a 6.6 s upload took 1.9 s, GIL and cores shared with the emulator and the transfer.
+    assert longest < max(1.0, took / 3), (longest, took)
 
 
 # -- a chunked transfer resumes after a failed chunk ----------------------------------------------------------
