@@ -233,9 +233,9 @@ else:
     if stamp and installed == stamp:
         print(f"swarm-gdrive is already installed from {source} as it is now: nothing to do")
     else:
-        target = source
+        target, scratch = source, None  # scratch: this cell's copy of the source, removed once pip has installed it
         if api:  # a local copy of the Drive files, then as from a local folder or wheel
-            local = tempfile.mkdtemp(prefix="swarm-gdrive-")
+            local = scratch = tempfile.mkdtemp(prefix="swarm-gdrive-")
             for path, f in remote_files:
                 os.makedirs(os.path.dirname(os.path.join(local, path)), exist_ok=True)
                 with open(os.path.join(local, path), "wb") as fh:
@@ -244,14 +244,20 @@ else:
             print(f"read {len(remote_files)} files of {source} through the Drive API", flush=True)
         elif os.path.isdir(source):  # pip builds a folder where it lies: build a local copy, never in your Drive
             ignore = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*cache")
-            local = os.path.join(tempfile.mkdtemp(prefix="swarm-gdrive-"), "src")
-            target = shutil.copytree(source, local, ignore=ignore)
+            scratch = tempfile.mkdtemp(prefix="swarm-gdrive-")
+            target = shutil.copytree(source, os.path.join(scratch, "src"), ignore=ignore)
         steps = [[target]] + ([["--force-reinstall", "--no-deps", target]] if target.endswith(".whl") else [])
-        for args in steps:  # (pip skips a wheel of the version already installed: the second step replaces it)
-            done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args], capture_output=True, text=True)
-            if done.returncode:
-                said = (done.stdout + done.stderr)[-3000:]
-                raise RuntimeError(f"pip could not install PACKAGE_SOURCE={source!r}:\\n{said}")
+        try:
+            for args in steps:  # (pip skips a wheel of the version already installed: the second step replaces it)
+                done = subprocess.run(
+                    [sys.executable, "-m", "pip", "install", "-q", *args], capture_output=True, text=True
+                )
+                if done.returncode:
+                    said = (done.stdout + done.stderr)[-3000:]
+                    raise RuntimeError(f"pip could not install PACKAGE_SOURCE={source!r}:\\n{said}")
+        finally:  # pip copied what it installs: the copy would stay in the runtime's /tmp, 8 MB a run
+            if scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
         importlib.invalidate_caches()
         if "swarm_gdrive" in sys.modules:
             print("swarm-gdrive was already loaded: restart the session (Runtime > Restart session) to use the new one")

@@ -207,7 +207,7 @@ class ColabRuntime:
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "tmp").mkdir(parents=True, exist_ok=True)
         (self.drive / "MyDrive").mkdir(parents=True, exist_ok=True)
         (self.root / "secrets.json").write_text(json.dumps(self.secrets))
         spec_dir = self.root / "kernels" / KERNEL
@@ -243,6 +243,7 @@ class ColabRuntime:
             "COLAB_STANDIN_CALLS": str(self.root / "colab-calls.jsonl"),
             "COLAB_STANDIN_SECRETS": str(self.root / "secrets.json"),
             "DATALAB_ROOT": str(self.root),
+            "TMPDIR": str(self.root / "tmp"),  # the runtime's own /tmp, as each Colab runtime has
             # Two busy cores: OpenMP threads of a tiny model in a kernel only slow it down.
             "OMP_NUM_THREADS": "1",
             **self.extra_env,

@@ -291,6 +291,7 @@ def test_coordinator_and_worker_in_two_colab_runtimes_install_from_the_drive_fol
     assert installed["swarm-gdrive"] == "0.1.0" and "reasoning-gym" in installed and "gguf" in installed
     assert colab.changed_preinstalled() == {}  # ipywidgets 7.7.1, transformers, pandas, ... as Colab shipped them
     assert files_under(repository) == before  # no build/, no *.egg-info written into the user's Drive
+    assert not list((coordinator_rt.root / "tmp").glob("swarm-gdrive-*"))  # nor the copy pip built from, left
 
     # The Hub token: from the worker runtime's secrets into its node's configuration, printed nowhere.
     assert "Hub: token taken from the Colab secret 'HF_TOKEN'" in output_text(worker)
@@ -415,6 +416,8 @@ def test_api_mode_signs_in_and_the_nodes_and_readers_use_the_drive_api(colab, wh
     assert "through the Drive API" in installed and f"installed swarm-gdrive 0.1.0 from {source}" in installed
     assert "is already installed from" in cell_output(worker, "#@title Install")  # the same files, listed again
     assert f"from {runtimes['monitor'].my_drive / wheel.name}" in cell_output(monitor, "#@title Install")
+    for runtime in runtimes.values():  # the files read through the API were removed once installed
+        assert not list((runtime.root / "tmp").glob("swarm-gdrive-*"))
     assert colab.changed_preinstalled() == {}
     for nb in (coordinator, worker, monitor):  # no warning that reads like an error
         assert "per-request timeout" not in output_text(nb) and "anonymously" not in output_text(nb)
