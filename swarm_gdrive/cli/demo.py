@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -115,6 +116,8 @@ def demo_main(args: argparse.Namespace) -> int:
     except Exception:
         stop_all(nodes)
         raise
+    finally:  # the nodes' identities (and --tiny's model): of this demo only, unlike the experiment folder
+        shutil.rmtree(args.local_dir, ignore_errors=True)
     print(f"demo: finished in {time.monotonic() - started:.1f} s; exit codes {codes}")
     from swarm_gdrive.observe.monitor import summary_table
 

@@ -222,14 +222,19 @@ def test_help_is_plain_text(command):
 
 
 def test_the_synthetic_demo_runs_the_protocol_in_seconds(tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     result = subprocess.run(
-        ["swarm-gdrive", "demo", "--workload", "synthetic", "--folder", str(tmp_path), "--rounds", "2"],
+        ["swarm-gdrive", "demo", "--workload", "synthetic", "--folder", str(tmp_path / "drive"), "--rounds", "2"],
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "TMPDIR": str(scratch)},
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "workload=synthetic" in result.stdout and "round 1" in result.stdout
+    assert (tmp_path / "drive" / "experiments").is_dir()  # kept for the monitor ...
+    assert list(scratch.iterdir()) == []  # ... the nodes' identities not: they were this demo's only
 
 
 def test_status_watch_follows_a_run_until_ctrl_c(tmp_path):
