@@ -120,6 +120,7 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     sync(device)
     single_s = time.monotonic() - started
     batched_rate, single_rate = batched.new_tokens / batched.seconds, tokens / single_s
+    limit_rate = (limit["tokens_per_s"] + limit_after["tokens_per_s"]) / 2 if limit else None
     before_rate = sequences * args.new_tokens / before_s
     return {
         "parameters_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
@@ -139,8 +140,8 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         "ratio_batched_over_before": batched_rate / before_rate,
         "limit": limit,
         "limit_after": limit_after,
-        "limit_tokens_per_s": (limit["tokens_per_s"] + limit_after["tokens_per_s"]) / 2 if limit else None,
-        "share_of_limit": batched_rate * 2 / (limit["tokens_per_s"] + limit_after["tokens_per_s"]) if limit else None,
+        "limit_tokens_per_s": limit_rate,
+        "share_of_limit": batched_rate / limit_rate if limit_rate else None,
         "peak_memory_mb": peak_memory_mb(device),
     }  # fmt: skip
 

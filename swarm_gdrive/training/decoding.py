@@ -175,13 +175,17 @@ def prefetched_uniforms() -> Iterator[None]:
         prefetch.close()
 
 
+def _one_hot(scores: Tensor, token: Tensor) -> Tensor:
+    """Scores of 0 at each row's ``token`` and -inf elsewhere: ``generate``'s greedy argmax is the token."""
+    return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
+
+
 class SameDrawSampler:
     """The last logits processor of a greedy ``generate`` that samples: the row's token by :func:`same_draw` from
     ``softmax(scores)`` (what ``generate`` samples from), returned as scores of 0 there and -inf elsewhere."""
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        token = same_draw(nn.functional.softmax(scores, dim=-1))
-        return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
+        return _one_hot(scores, same_draw(nn.functional.softmax(scores, dim=-1)))
 
 
 class TopKSampler:
@@ -211,7 +215,7 @@ class TopKSampler:
         min_new_tokens: int = 0,
         reuse_output: bool = False,
     ) -> None:
-        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+        from transformers import LogitsProcessorList
 
         if not isinstance(top_k, int) or top_k <= 0:
             raise ValueError(f"top_k {top_k!r}: expected a positive integer")
@@ -222,10 +226,7 @@ class TopKSampler:
         self.min_length, self.min_new_tokens = min_length or 0, min_new_tokens or 0
         self.reuse_output = reuse_output
         self.prompt_length: int | None = None  # the first call's length: what generate was given
-        warpers: list[Any] = [] if self.temperature is None else [TemperatureLogitsWarper(self.temperature)]
-        warpers.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
-        if self.top_p is not None:
-            warpers.append(TopPLogitsWarper(top_p=self.top_p, min_tokens_to_keep=1))
+        warpers = _warpers(temperature, top_k, top_p, None)
         self.reference = LogitsProcessorList([*warpers, SameDrawSampler()])  # what a step falls back to
         self._processed: Tensor | None = None  # a row of -inf per sequence, the survivors written in for a step
         self._out: Tensor | None = None
@@ -282,9 +283,9 @@ class TopKSampler:
         return torch.where(ratio == best, index, vocab).amin(dim=1, keepdim=True)
 
     def _one_hot(self, scores: Tensor, token: Tensor) -> Tensor:
-        """Scores of 0 at ``token`` and -inf elsewhere: ``generate``'s greedy argmax is the token."""
+        """:func:`_one_hot`, in the one tensor of the call where ``reuse_output``."""
         if not self.reuse_output:
-            return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
+            return _one_hot(scores, token)
         out = self._out
         if out is None or out.shape != scores.shape or out.dtype != scores.dtype:
             out = self._out = torch.full_like(scores, float("-inf"))
@@ -304,30 +305,45 @@ def _effective_config(model: Any, overrides: dict[str, Any]) -> Any:
     return config
 
 
-def _other_processors(config: Any, sampling: dict[str, Any]) -> bool:
-    """Whether ``generate`` adds logits processors for ``config`` besides the minimum-length ones and the warpers
-    (transformers' ``_get_logits_processor``)."""
+def _warpers(temperature: float | None, top_k: int | None, top_p: float | None, min_p: float | None) -> list[Any]:
+    """The warpers transformers' ``_get_logits_processor`` adds for these sampling settings, in its order (after
+    every other processor), for a batch without beams."""
+    from transformers import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-    def given(name: str, neutral: Any = None) -> bool:
-        value = getattr(config, name, None)
-        return value is not None and value != neutral
+    warpers: list[Any] = []
+    if temperature is not None and temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(temperature))
+    if top_k is not None and top_k != 0:
+        warpers.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
+    if top_p is not None and top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
+    if min_p is not None:
+        warpers.append(MinPLogitsWarper(min_p=min_p, min_tokens_to_keep=1))
+    return warpers
 
-    return bool(
-        given("guidance_scale", 1)
-        or given("sequence_bias")
-        or given("encoder_repetition_penalty", 1.0)
-        or given("repetition_penalty", 1.0)
-        or (getattr(config, "no_repeat_ngram_size", None) or 0) > 0
-        or (getattr(config, "encoder_no_repeat_ngram_size", None) or 0) > 0
-        or given("bad_words_ids")
-        or sampling.get("prefix_allowed_tokens_fn") is not None
-        or given("forced_bos_token_id")
-        or given("forced_eos_token_id")
-        or getattr(config, "remove_invalid_values", False)
-        or given("exponential_decay_length_penalty")
-        or given("suppress_tokens")
-        or given("begin_suppress_tokens")
-    )
+
+def _other_processors(model: Any, config: Any, sampling: dict[str, Any]) -> bool:
+    """Whether ``generate`` adds logits processors for ``config`` besides the minimum-length ones and the warpers:
+    transformers' own ``_get_logits_processor`` asked, so the answer follows its version. True where it cannot say."""
+    import warnings
+
+    from transformers import MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor
+
+    plain = copy.deepcopy(config)
+    plain.do_sample = False  # no warpers
+    try:
+        with warnings.catch_warnings():  # its notes on arguments a real call would have (encoder ids and the like)
+            warnings.simplefilter("ignore")
+            processors = model._get_logits_processor(
+                generation_config=plain,
+                input_ids_seq_length=1,
+                prefix_allowed_tokens_fn=sampling.get("prefix_allowed_tokens_fn"),
+                device="cpu",
+            )
+    except Exception:  # another transformers, or settings it refuses (generate will then say why)
+        return True
+    length = (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)
+    return any(not isinstance(p, length) for p in processors)
 
 
 def cpu_generate_kwargs(model: Any, sampling: dict[str, Any]) -> dict[str, Any]:
@@ -337,13 +353,7 @@ def cpu_generate_kwargs(model: Any, sampling: dict[str, Any]) -> dict[str, Any]:
     add no logits processors but the minimum-length ones, :class:`TopKSampler` does their work too."""
     if not sampling.get("do_sample") or sampling.get("logits_processor") is not None:
         return sampling
-    from transformers import (
-        LogitsProcessorList,
-        MinPLogitsWarper,
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
+    from transformers import LogitsProcessorList
 
     config = _effective_config(model, sampling)
     unsupported = (
@@ -362,7 +372,7 @@ def cpu_generate_kwargs(model: Any, sampling: dict[str, Any]) -> dict[str, Any]:
         length: dict[str, Any] = {}
         # generate replaces min_length by the prompt's length plus min_new_tokens where that is given.
         min_length = 0 if config.min_new_tokens is not None else config.min_length or 0
-        if (min_length > 0 or (config.min_new_tokens or 0) > 0) and not _other_processors(config, sampling):
+        if (min_length > 0 or (config.min_new_tokens or 0) > 0) and not _other_processors(model, config, sampling):
             eos = config.eos_token_id  # the minimum lengths are the only processors before it: its to do
             eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
             length = {"eos": eos, "min_length": min_length, "min_new_tokens": config.min_new_tokens}
@@ -371,16 +381,7 @@ def cpu_generate_kwargs(model: Any, sampling: dict[str, Any]) -> dict[str, Any]:
             config.top_k, config.temperature, config.top_p, **length, reuse_output=not config.output_scores
         )
         return {**rest, "do_sample": False, "logits_processor": LogitsProcessorList([sampler])}
-    # transformers' _get_logits_processor: the warpers, in this order, after every other processor.
-    warpers: list[Any] = []
-    if config.temperature is not None and config.temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(config.temperature))
-    if config.top_k is not None and config.top_k != 0:
-        warpers.append(TopKLogitsWarper(top_k=config.top_k, min_tokens_to_keep=1))
-    if config.top_p is not None and config.top_p < 1.0:
-        warpers.append(TopPLogitsWarper(top_p=config.top_p, min_tokens_to_keep=1))
-    if config.min_p is not None:
-        warpers.append(MinPLogitsWarper(min_p=config.min_p, min_tokens_to_keep=1))
+    warpers = _warpers(config.temperature, config.top_k, config.top_p, config.min_p)
     return {**rest, "do_sample": False, "logits_processor": LogitsProcessorList([*warpers, SameDrawSampler()])}
 
 
